@@ -1,0 +1,82 @@
+"""The Policy contract: one object for simulation, evaluation and the robot bridge.
+
+A policy predicts action *chunks*: given a batch of observation histories it returns
+(B, H, Da) actions. ``act`` serves one robot/env step at a time from a queue that is
+refilled with the first ``n_action_steps`` (Ta) actions of a fresh chunk whenever it runs
+dry. Given the same observation and the same ``noise``, ``predict_chunk`` is
+deterministic; latent-noise steering and the bridge rely on this.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from typing import Any, Mapping
+
+import numpy as np
+
+Observation = Mapping[str, Any]
+
+
+def stack_history(history: list[Observation]) -> dict[str, Any]:
+    """Turn To single-step observations into one batch of size 1.
+
+    ``state`` (Ds,) -> (1, To, Ds); ``image`` (H, W, 3) -> (1, To, H, W, 3);
+    ``instruction`` str -> [str].
+    """
+    out: dict[str, Any] = {"instruction": [str(history[-1]["instruction"])]}
+    out["state"] = np.stack([np.asarray(o["state"], np.float32) for o in history])[None]
+    if "image" in history[-1]:
+        out["image"] = np.stack([np.asarray(o["image"], np.uint8) for o in history])[None]
+    if "images" in history[-1]:
+        out["images"] = {k: np.stack([o["images"][k] for o in history])[None] for k in history[-1]["images"]}
+    return out
+
+
+class Policy(abc.ABC):
+    """Base class. Subclasses set the three horizons and implement ``predict_chunk``.
+
+    Attributes:
+        n_obs_steps: To, observation steps the policy conditions on.
+        horizon: H, actions predicted per chunk.
+        n_action_steps: Ta <= H, actions executed before the next chunk is requested.
+    """
+
+    n_obs_steps: int = 1
+    horizon: int = 1
+    n_action_steps: int = 1
+
+    def __init__(self) -> None:
+        self._queue: deque[np.ndarray] = deque()
+        self._history: deque[Observation] = deque(maxlen=max(1, self.n_obs_steps))
+
+    def reset(self) -> None:
+        """Forget the action queue and observation history (call at episode start)."""
+        self._queue.clear()
+        self._history = deque(maxlen=max(1, self.n_obs_steps))
+
+    def act(self, obs: Observation) -> np.ndarray:
+        """Return the next action (Da,) float32 for one observation; refills the queue."""
+        if not self._history:  # pad history with the first observation
+            for _ in range(max(1, self.n_obs_steps) - 1):
+                self._history.append(obs)
+        self._history.append(obs)
+        if not self._queue:
+            chunk = np.asarray(self.predict_chunk(stack_history(list(self._history))))
+            if chunk.ndim != 3 or chunk.shape[0] != 1:
+                raise ValueError(f"predict_chunk must return (1, H, Da), got shape {chunk.shape}")
+            if not np.all(np.isfinite(chunk)):
+                raise FloatingPointError("policy produced a non-finite action chunk")
+            self._queue.extend(chunk[0, : self.n_action_steps].astype(np.float32))
+        return self._queue.popleft()
+
+    @abc.abstractmethod
+    def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
+        """Predict (B, H, Da) float32 actions in [-1, 1].
+
+        Args:
+            obs_batch: ``state`` (B, To, Ds) float32, optional ``image`` (B, To, H, W, 3)
+                uint8, ``instruction`` list of B str.
+            noise: optional (B, H, Da) initial noise for generative policies; sampling is
+                deterministic given it. Policies that ignore noise accept and ignore it.
+        """

@@ -1,0 +1,218 @@
+"""Base class of the MuJoCo worlds: gymnasium plumbing shared by every task.
+
+A world subclass supplies the MJCF model and five hooks (``_reset_world``,
+``_apply_action``, ``_state``, ``_evaluate``, ``expert_action``); this class handles
+seeding, instructions and their paraphrase split, pixel observations, rendering, time
+limits and input checks. Rewards are a weighted sum of named terms in [0, 1] (weights
+sum to 1, so the reward is in [0, 1]); the terms are returned in ``info["reward_terms"]``.
+Episodes terminate on success and are truncated at ``max_episode_steps``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import string
+import weakref
+from typing import Any
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+from embodied.errors import InvalidActionError
+from embodied.registry import TaskSpec, get_task
+from embodied.specs import ActionSpec, ObservationSpec
+from sim.render import make_renderer
+
+INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " .,;:'!?-()/"
+OBS_MODES = ("state", "pixels", "state+pixels")
+_LIVE_ENVS: "weakref.WeakSet[TaskEnv]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_renderers() -> None:
+    # Free GL contexts before the interpreter tears the GL library down (avoids EGL noise).
+    for env in list(_LIVE_ENVS):
+        env.close()
+
+
+class TaskEnv(gym.Env):
+    """A language-conditioned MuJoCo task.
+
+    Args:
+        task: registered task name.
+        obs_mode: ``"state"`` (state + instruction), ``"pixels"`` (image + proprioceptive
+            state + instruction) or ``"state+pixels"``.
+        cameras: camera names for pixel observations (default: the world's first).
+        image_size: square image side in pixels for pixel observations.
+        instruction_split: ``"train"`` or ``"heldout"`` paraphrases.
+        instructions: override the task's templates with your own wording
+            (fields such as ``{color}`` are filled in).
+        render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns (S, S, 3) uint8).
+        render_size: side of ``render()`` frames.
+        max_episode_steps: override the task's time limit.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+    # Subclasses set these.
+    xml: str = ""
+    n_substeps: int = 10
+    action_names: tuple[str, ...] = ()
+    default_cameras: tuple[str, ...] = ()
+    render_camera: str = ""
+    proprio_dims: int = 0  # leading state entries kept in pixel mode
+
+    def __init__(
+        self,
+        task: str,
+        obs_mode: str = "state",
+        cameras: list[str] | tuple[str, ...] | None = None,
+        image_size: int = 64,
+        instruction_split: str = "train",
+        instructions: list[str] | tuple[str, ...] | str | None = None,
+        render_mode: str | None = None,
+        render_size: int = 224,
+        max_episode_steps: int | None = None,
+    ):
+        self.spec_task: TaskSpec = get_task(task)
+        if obs_mode not in OBS_MODES:
+            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        if not 8 <= int(image_size) <= 512:
+            raise ValueError(f"image_size must be in [8, 512] pixels, got {image_size}")
+        self.obs_mode, self.render_mode = obs_mode, render_mode
+        self.image_size, self.render_size = int(image_size), int(render_size)
+        if isinstance(instructions, str):
+            instructions = [instructions]
+        self._templates = tuple(instructions) if instructions else self.spec_task.instructions(instruction_split)
+        self.instruction_split = "custom" if instructions else instruction_split
+        self.max_episode_steps = int(max_episode_steps or self.spec_task.max_episode_steps)
+
+        self.model = mujoco.MjModel.from_xml_string(self.xml)
+        self.data = mujoco.MjData(self.model)
+        cams = tuple(cameras) if cameras else self.default_cameras[:1]
+        valid = [self.model.camera(i).name for i in range(self.model.ncam)]
+        bad = [c for c in cams if c not in valid]
+        if bad:
+            raise ValueError(f"unknown camera(s) {bad}; this world has {valid}")
+        self.cameras = cams if obs_mode != "state" else ()
+        self._renderers: dict[int, Any] = {}
+
+        self._step_count = 0
+        self.instruction = ""
+        self.params: dict[str, Any] = {}
+        self._setup()
+        state_dim = len(self._state())
+        if obs_mode == "pixels":
+            state_dim = self.proprio_dims
+        self.observation_spec = ObservationSpec(state_dim, self.cameras, self.image_size if self.cameras else 0)
+        self.action_spec = ActionSpec(len(self.action_names), -1.0, 1.0, self.action_names)
+        spaces: dict[str, gym.Space] = {
+            "state": gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32),
+            "instruction": gym.spaces.Text(256, charset=INSTRUCTION_CHARSET),
+        }
+        img = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
+        if self.cameras:
+            spaces["image"] = img
+        if len(self.cameras) > 1:
+            spaces["images"] = gym.spaces.Dict({c: img for c in self.cameras})
+        self.observation_space = gym.spaces.Dict(spaces)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (len(self.action_names),), np.float32)
+
+    # ----------------------------------------------------------------- hooks
+    def _setup(self) -> None:
+        """Cache ids and addresses after the model is built."""
+
+    def _reset_world(self, rng: np.random.Generator) -> dict[str, Any]:
+        """Randomise the initial state; return the episode's parameters (e.g. colour)."""
+        raise NotImplementedError
+
+    def _apply_action(self, action: np.ndarray) -> None:
+        """Write controls for one control step from an action in [-1, 1]."""
+        raise NotImplementedError
+
+    def _state(self) -> np.ndarray:
+        """The state vector (Ds,) float32."""
+        raise NotImplementedError
+
+    def _evaluate(self) -> tuple[bool, dict[str, float], dict[str, float]]:
+        """Return (success, reward terms in [0, 1], weights summing to 1)."""
+        raise NotImplementedError
+
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert's action (Da,) for the current state."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- gymnasium
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        mujoco.mj_resetData(self.model, self.data)
+        self.params = self._reset_world(self.np_random)
+        mujoco.mj_forward(self.model, self.data)
+        self._step_count = 0
+        options = options or {}
+        if "instruction" in options:
+            template = str(options["instruction"])
+        else:
+            template = self._templates[int(self.np_random.integers(len(self._templates)))]
+        self.instruction = self.format_instruction(template)
+        success, terms, _ = self._evaluate()
+        return self._obs(), {"success": success, "reward_terms": terms, "params": dict(self.params)}
+
+    def format_instruction(self, template: str) -> str:
+        try:
+            return template.format(**self.params)
+        except (KeyError, IndexError) as e:
+            raise ValueError(f"instruction {template!r} uses field {e} that task "
+                             f"{self.spec_task.name!r} does not have; fields: {sorted(self.params)}") from None
+
+    def step(self, action: np.ndarray):
+        a = np.asarray(action, dtype=np.float32)
+        if a.shape != self.action_space.shape:
+            raise InvalidActionError(f"action must have shape {self.action_space.shape} "
+                                     f"({', '.join(self.action_names)}), got {a.shape}")
+        if not np.isfinite(a).all():
+            raise InvalidActionError(f"action contains NaN or inf: {a}; refusing to step")
+        self._apply_action(np.clip(a, -1.0, 1.0))  # out-of-range values are clipped
+        mujoco.mj_step(self.model, self.data, nstep=self.n_substeps)
+        self._step_count += 1
+        success, terms, weights = self._evaluate()
+        reward = sum(weights[k] * terms[k] for k in weights)
+        truncated = self._step_count >= self.max_episode_steps
+        info = {"success": success, "reward_terms": terms}
+        return self._obs(), float(reward), success, truncated, info
+
+    def _obs(self) -> dict[str, Any]:
+        state = self._state()
+        if self.obs_mode == "pixels":
+            state = state[: self.proprio_dims]
+        obs: dict[str, Any] = {"state": state, "instruction": self.instruction}
+        if self.cameras:
+            imgs = {c: self._render(c, self.image_size) for c in self.cameras}
+            obs["image"] = imgs[self.cameras[0]]
+            if len(self.cameras) > 1:
+                obs["images"] = imgs
+        return obs
+
+    def _render(self, camera: str, size: int) -> np.ndarray:
+        r = self._renderers.get(size)
+        if r is None:
+            r = self._renderers[size] = make_renderer(self.model, size, size)
+            _LIVE_ENVS.add(self)
+        r.update_scene(self.data, camera)
+        return r.render()
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode != "rgb_array":
+            return None
+        return self._render(self.render_camera or self.default_cameras[0], self.render_size)
+
+    def close(self) -> None:
+        for r in self._renderers.values():
+            r.close()
+        self._renderers.clear()
+
+    @property
+    def success(self) -> bool:
+        return self._evaluate()[0]

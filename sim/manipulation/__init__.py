@@ -1,0 +1,14 @@
+"""Manipulation suite: eight tabletop tasks in one scene, chosen by instruction."""
+
+from embodied.registry import SuiteSpec, TaskSpec, register_suite, register_task
+from sim.manipulation.tasks import TASKS
+
+for _t in TASKS.values():
+    register_task(TaskSpec(
+        name=_t.name, suite="manipulation", entry_point="sim.manipulation.world:ManipulationEnv",
+        train_instructions=_t.train, heldout_instructions=_t.heldout,
+        max_episode_steps=_t.max_steps, description=_t.description,
+    ))
+
+SUITE = register_suite(SuiteSpec("manipulation", tuple(TASKS),
+                                 "tabletop: reach, push, pick, place, stack, drawer, button"))
