@@ -29,9 +29,9 @@ OBS_MODES = ("state", "pixels", "state+pixels")
 _LIVE_ENVS: "weakref.WeakSet[TaskEnv]" = weakref.WeakSet()
 
 
-@atexit.register
 def _close_renderers() -> None:
-    # Free GL contexts before the interpreter tears the GL library down (avoids EGL noise).
+    # Free GL contexts before MuJoCo's own exit hook terminates the EGL display. Registered
+    # after the first context exists, so that it runs before that hook (atexit is LIFO).
     for env in list(_LIVE_ENVS):
         env.close()
 
@@ -199,6 +199,9 @@ class TaskEnv(gym.Env):
         r = self._renderers.get(size)
         if r is None:
             r = self._renderers[size] = make_renderer(self.model, size, size)
+            if not _LIVE_ENVS:
+                atexit.unregister(_close_renderers)
+                atexit.register(_close_renderers)
             _LIVE_ENVS.add(self)
         r.update_scene(self.data, camera)
         return r.render()

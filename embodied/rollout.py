@@ -1,0 +1,202 @@
+"""Running episodes: batched policy inference over vector environments.
+
+``run_episodes`` plays a fixed list of episodes (task, seed, instruction split) with a
+policy and returns one record per episode. Episodes are spread over ``num_envs``
+gymnasium vector sub-environments (in this process, or in worker processes with
+``vector="async"``); the policy sees a batch of the environments that need a new action
+chunk. Seeds fix each episode completely, so results do not depend on ``num_envs``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from embodied.policy import Policy, stack_history
+
+
+@dataclass
+class EpisodeResult:
+    seed: int
+    instruction: str
+    success: bool
+    length: int
+    ret: float
+    frames: list[np.ndarray] = field(default_factory=list, repr=False)
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate (well behaved at 0 and n)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class BatchActor:
+    """Per-environment action queues and observation histories around one ``Policy``.
+
+    ``act(obs_list, active)`` returns one action per active env, calling
+    ``policy.predict_chunk`` once for all envs whose queue is empty.
+    """
+
+    def __init__(self, policy: Policy, num_envs: int):
+        self.policy = policy
+        self.to = max(1, int(getattr(policy, "n_obs_steps", 1)))
+        self.ta = max(1, int(getattr(policy, "n_action_steps", 1)))
+        self.queues: list[deque[np.ndarray]] = [deque() for _ in range(num_envs)]
+        self.hist: list[deque[dict[str, Any]]] = [deque(maxlen=self.to) for _ in range(num_envs)]
+
+    def reset(self, i: int) -> None:
+        self.queues[i].clear()
+        self.hist[i].clear()
+
+    def act(self, obs: list[dict[str, Any]], active: Sequence[int], extra: dict[str, list[Any]] | None = None
+            ) -> dict[int, np.ndarray]:
+        for i in active:
+            h = self.hist[i]
+            while len(h) < self.to - 1:
+                h.append(obs[i])
+            h.append(obs[i])
+        need = [i for i in active if not self.queues[i]]
+        if need:
+            parts = [stack_history(list(self.hist[i])) for i in need]
+            batch: dict[str, Any] = {"instruction": [p["instruction"][0] for p in parts],
+                                     "state": np.concatenate([p["state"] for p in parts])}
+            if "image" in parts[0]:
+                batch["image"] = np.concatenate([p["image"] for p in parts])
+            for k, v in (extra or {}).items():
+                batch[k] = [v[i] for i in need]
+            chunk = np.asarray(self.policy.predict_chunk(batch))
+            if chunk.shape[0] != len(need) or chunk.ndim != 3:
+                raise ValueError(f"predict_chunk returned {chunk.shape}, expected ({len(need)}, H, Da)")
+            if not np.isfinite(chunk).all():
+                raise FloatingPointError("policy produced a non-finite action chunk")
+            for j, i in enumerate(need):
+                self.queues[i].extend(chunk[j, : self.ta].astype(np.float32))
+        return {i: self.queues[i].popleft() for i in active}
+
+
+def _unbatch(obs: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        o = {"state": obs["state"][i], "instruction": obs["instruction"][i]}
+        if "image" in obs:
+            o["image"] = obs["image"][i]
+        out.append(o)
+    return out
+
+
+def run_episodes(
+    make_env: Callable[[], gym.Env],
+    seeds: Sequence[int],
+    policy: Policy | str,
+    num_envs: int = 4,
+    vector: str = "sync",
+    record: int = 0,
+    progress: Any = None,
+    task: str | None = None,
+) -> list[EpisodeResult]:
+    """Play one episode per seed (all of one task and instruction set), in seed order.
+
+    Args:
+        make_env: builds one environment (with ``render_mode="rgb_array"`` when
+            ``record`` > 0). Its constructor fixes the task and instruction split.
+        seeds: one episode per seed; a seed fixes the episode completely.
+        policy: a ``Policy``, or ``"expert"`` for the task's scripted expert.
+        num_envs: parallel sub-environments.
+        vector: ``"sync"`` (this process) or ``"async"`` (worker processes).
+        record: keep rendered frames of the first ``record`` episodes (for videos).
+        progress: optional tqdm bar, advanced once per finished episode.
+        task: the task name, passed to the policy as ``task`` (the one-hot baseline uses it).
+    """
+    if vector not in ("sync", "async"):
+        raise ValueError(f"vector must be 'sync' or 'async', got {vector!r}")
+    if not isinstance(policy, Policy) and policy != "expert":
+        raise TypeError(f"policy must be a Policy or 'expert', got {policy!r}")
+    seeds = list(seeds)
+    num_envs = max(1, min(int(num_envs), len(seeds)))
+    cls = gym.vector.AsyncVectorEnv if vector == "async" and num_envs > 1 else gym.vector.SyncVectorEnv
+    kw = {"context": "spawn"} if cls is gym.vector.AsyncVectorEnv else {}  # fork + GL/torch threads can deadlock
+    envs = cls([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.DISABLED, **kw)
+    results: list[EpisodeResult | None] = [None] * len(seeds)
+    slot = [-1] * num_envs  # index into seeds of the episode each env plays, -1 = idle
+    ret, length = np.zeros(num_envs), np.zeros(num_envs, int)
+    frames: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
+    instr = [""] * num_envs
+    obs_list: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+    actor = BatchActor(policy, num_envs) if isinstance(policy, Policy) else None
+    nxt = 0
+
+    def start(idle: list[int]) -> None:
+        nonlocal nxt
+        mask, sd = np.zeros(num_envs, bool), [None] * num_envs
+        for i in idle:  # idle envs are reset too: the vector env refuses to step a finished one
+            slot[i], mask[i] = -1, True
+            if nxt < len(seeds):
+                slot[i], sd[i] = nxt, seeds[nxt]
+                nxt += 1
+        obs, _ = envs.reset(seed=sd, options={"reset_mask": mask})
+        fresh = _unbatch(obs, num_envs)
+        for i in idle:
+            ret[i], length[i], frames[i] = 0.0, 0, []
+            obs_list[i], instr[i] = fresh[i], fresh[i]["instruction"]
+            if actor is not None:
+                actor.reset(i)
+        _record(mask)
+
+    def _record(mask: np.ndarray) -> None:
+        want = [i for i in np.flatnonzero(mask) if 0 <= slot[i] < record]
+        if not want:
+            return
+        if isinstance(envs, gym.vector.SyncVectorEnv):
+            for i in want:
+                frames[i].append(envs.envs[i].render())
+        else:
+            all_frames = envs.call("render")
+            for i in want:
+                frames[i].append(all_frames[i])
+
+    try:
+        start(list(range(num_envs)))
+        while any(s >= 0 for s in slot):
+            active = [i for i in range(num_envs) if slot[i] >= 0]
+            actions = np.zeros((num_envs,) + envs.single_action_space.shape, np.float32)
+            if actor is None:
+                expert = envs.call("expert_action")
+                for i in active:
+                    actions[i] = expert[i]
+            else:
+                extra = {"task": [task] * num_envs} if task else None
+                for i, a in actor.act(obs_list, active, extra).items():
+                    actions[i] = a
+            obs, rew, term, trunc, info = envs.step(actions)
+            fresh = _unbatch(obs, num_envs)
+            mask = np.zeros(num_envs, bool)
+            mask[active] = True
+            _record(mask)
+            done = []
+            for i in active:
+                obs_list[i] = fresh[i]
+                ret[i] += float(rew[i])
+                length[i] += 1
+                if term[i] or trunc[i]:
+                    results[slot[i]] = EpisodeResult(seeds[slot[i]], instr[i], bool(info["success"][i]),
+                                                     int(length[i]), float(ret[i]), frames[i])
+                    done.append(i)
+                    if progress is not None:
+                        progress.update(1)
+            if done and any(s >= 0 for s in slot) or nxt < len(seeds):
+                if done:
+                    start(done)
+    finally:
+        envs.close()
+    return [r for r in results if r is not None]

@@ -1,0 +1,155 @@
+"""The navigation world: a differential-drive robot in the four-room arena.
+
+Action (2,) in [-1, 1]:
+    ``forward``: forward speed, times ``MAX_SPEED`` = 1.0 m/s (negative drives backward).
+    ``turn``: yaw rate, times ``MAX_TURN`` = 2.0 rad/s (positive turns left, counter-clockwise).
+The command is held for one control step of 0.1 s (5 physics steps of 20 ms, so 10 Hz);
+velocity actuators on the x, y and yaw joints track the world-frame velocity
+(v cos(yaw), v sin(yaw), w) with a ~30 ms time constant, so the robot moves like a
+unicycle. Walls and balls are solid; contacts are frictionless (a bumper that slides
+along walls), so the robot can always turn away from an obstacle it touches.
+
+State (14,) float32, the same layout for every task:
+    [0:2] robot x, y (m); [2:4] cos(yaw), sin(yaw); [4] forward speed (m/s);
+    [5] yaw rate (rad/s) -- these 6 are ``proprio_dims``, kept in pixel mode;
+    [6:14] x, y (m) of the red, green, blue and yellow balls, in that order.
+
+Cameras: ``ego`` (on the robot, looking ahead; pixel observations) and ``overhead``
+(the whole arena; ``render()``).
+
+Reward terms (each in [0, 1]):
+    ``progress``: 1 - (planner cost-to-go to the goal region) / 8 m, clipped.
+    ``heading``: alignment of the robot's heading with the planned path direction.
+    ``safety``: 0 while the robot touches a wall or a ball, else 1.
+    ``avoid``: (approach-avoid) distance beyond 0.8 m from the avoided ball, clipped at 0.5 m;
+        1 for the other tasks, where its weight is 0.
+Weights: progress 0.6, heading 0.2, safety 0.2 (approach-avoid: 0.5, 0.15, 0.1, avoid 0.25).
+Success ends the episode. In approach-avoid, once the robot has come within 0.8 m of
+the avoided ball the episode can no longer succeed (it runs to the time limit).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from sim.base import TaskEnv
+from sim.navigation.arena import ARENA_XML, BALL_R, COLORS, ROOM_MARGIN, ROOMS, Scene, sample_in_room, \
+    sample_scene
+from sim.navigation.planner import Plan, pursue
+from sim.navigation.tasks import AVOID_RADIUS, GOALS, GRID, Goal, solve
+
+MAX_SPEED = 1.0  # m/s at forward = 1
+MAX_TURN = 2.0  # rad/s at turn = 1
+GEO_NORM = 8.0  # cost-to-go that maps to zero progress (about the longest start-goal path, m)
+START_BALL_CLEAR = 1.0  # the robot starts at least this far from every ball centre (m)
+START_MIN_GEO = 1.0  # ... and at least this far (planner cost) from the goal
+WEIGHTS = {"progress": 0.6, "heading": 0.2, "safety": 0.2, "avoid": 0.0}
+AVOID_WEIGHTS = {"progress": 0.5, "heading": 0.15, "safety": 0.1, "avoid": 0.25}
+
+
+class NavigationEnv(TaskEnv):
+    """Instruction-following navigation (see the module docstring for units and layout)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    xml = ARENA_XML
+    n_substeps = 5
+    action_names = ("forward", "turn")
+    default_cameras = ("ego", "overhead")
+    render_camera = "overhead"
+    proprio_dims = 6
+
+    def _setup(self) -> None:
+        self._sample_goal = GOALS[self.spec_task.name]
+        self._mocap = [int(self.model.body_mocapid[self.model.body(f"ball_{c}").id]) for c in COLORS]
+        self._buf = np.zeros(6 + 2 * len(COLORS), dtype=np.float32)
+        self._weights = WEIGHTS
+        self._violated = False
+        self.scene: Scene | None = None
+        self.goal: Goal | None = None
+        self.plan: Plan | None = None
+
+    # ------------------------------------------------------------------ reset
+    def _reset_world(self, rng: np.random.Generator) -> dict[str, Any]:
+        for _ in range(100):
+            scene = sample_scene(rng)
+            for _ in range(10):
+                start = self._sample_start(rng, scene)
+                for _ in range(5):  # a goal the robot can reach, but has not reached yet
+                    goal = self._sample_goal(scene, start, rng)
+                    plan = solve(scene, goal)
+                    cell = GRID.cell(start[0], start[1])
+                    if plan.reachable[cell] and plan.dist[cell] >= START_MIN_GEO:
+                        return self._place(scene, goal, plan, start)
+        raise RuntimeError(f"task {self.spec_task.name!r}: no feasible episode in 5000 tries")
+
+    @staticmethod
+    def _sample_start(rng: np.random.Generator, scene: Scene) -> np.ndarray:
+        """(x, y, yaw): anywhere in a room, clear of the walls and the balls."""
+        names = list(ROOMS)
+        for _ in range(10000):  # two or more rooms hold no ball, so this ends quickly
+            p = sample_in_room(rng, names[int(rng.integers(len(names)))])
+            if np.linalg.norm(scene.landmarks - p, axis=1).min() >= START_BALL_CLEAR:
+                return np.array([p[0], p[1], rng.uniform(-math.pi, math.pi)])
+        raise RuntimeError("no free start pose in this scene")
+
+    def _place(self, scene: Scene, goal: Goal, plan: Plan, start: np.ndarray) -> dict[str, Any]:
+        self.scene, self.goal, self.plan = scene, goal, plan
+        self._violated = False
+        self._weights = AVOID_WEIGHTS if goal.avoid is not None else WEIGHTS
+        self._point = None if goal.point is None else (float(goal.point[0]), float(goal.point[1]))
+        self._avoid = None if goal.avoid is None else tuple(float(v) for v in scene.landmarks[goal.avoid])
+        sx, sy = ROOMS[goal.room] if goal.room is not None else (0, 0)
+        self._room_sign = (sx, sy)
+        self.data.qpos[:3] = start
+        for m, p in zip(self._mocap, scene.landmarks):
+            self.data.mocap_pos[m] = (p[0], p[1], BALL_R)
+        self._buf[6:] = scene.landmarks.reshape(-1)
+        return dict(goal.fields)
+
+    # ------------------------------------------------------------------ hooks
+    def _apply_action(self, action: np.ndarray) -> None:
+        v = float(action[0]) * MAX_SPEED
+        yaw = float(self.data.qpos[2])
+        self.data.ctrl[:] = (v * math.cos(yaw), v * math.sin(yaw), float(action[1]) * MAX_TURN)
+
+    def _state(self) -> np.ndarray:
+        q, qd, b = self.data.qpos, self.data.qvel, self._buf
+        c, s = math.cos(q[2]), math.sin(q[2])
+        b[:6] = (q[0], q[1], c, s, qd[0] * c + qd[1] * s, qd[2])
+        return b.copy()
+
+    def _evaluate(self) -> tuple[bool, dict[str, float], dict[str, float]]:
+        q = self.data.qpos
+        x, y, yaw = float(q[0]), float(q[1]), float(q[2])
+        i, j = GRID.cell(x, y)
+        geo = float(self.plan.dist[i, j])
+        progress = max(0.0, 1.0 - geo / GEO_NORM)  # 0 when unreachable (inf)
+        dx, dy = float(self.plan.direction[i, j, 0]), float(self.plan.direction[i, j, 1])
+        if self._point is not None and geo == 0.0:  # inside the goal region: face the point
+            dx, dy = self._point[0] - x, self._point[1] - y
+            norm = math.hypot(dx, dy) or 1.0
+            dx, dy = dx / norm, dy / norm
+        heading = 0.5 + 0.5 * (math.cos(yaw) * dx + math.sin(yaw) * dy)
+        safety = 0.0 if self.data.ncon > 0 else 1.0
+        avoid = 1.0
+        if self._avoid is not None:
+            d = math.hypot(x - self._avoid[0], y - self._avoid[1])
+            self._violated = self._violated or d < AVOID_RADIUS
+            avoid = min(1.0, max(0.0, (d - AVOID_RADIUS) / 0.5))
+        if self._point is not None:
+            reached = math.hypot(x - self._point[0], y - self._point[1]) < self.goal.radius
+        else:
+            reached = self._room_sign[0] * x > ROOM_MARGIN and self._room_sign[1] * y > ROOM_MARGIN
+        terms = {"progress": progress, "heading": heading, "safety": safety, "avoid": avoid}
+        return reached and not self._violated, terms, self._weights
+
+    def expert_action(self) -> np.ndarray:
+        """Plan-following pure pursuit (see ``sim.navigation.planner``); (2,) float32."""
+        q = self.data.qpos
+        pos = np.array([q[0], q[1]])
+        target = self.plan.waypoint(pos, None if self.goal.point is None else self.goal.point)
+        return pursue(pos, float(q[2]), target, k_turn=4.0, max_turn=MAX_TURN)

@@ -1,0 +1,170 @@
+"""Contract and behaviour tests of the navigation suite (sim/navigation)."""
+
+import sim  # noqa: F401  (configures headless GL before mujoco is imported)
+
+import warnings
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from embodied.registry import get_suite, get_task, make_env
+from sim.navigation.arena import COLORS, ROOMS
+
+TASKS = ("goto-landmark", "goto-room", "goto-between", "approach-avoid")
+EXPERT_SEEDS = 20
+
+
+def test_suite_lists_the_tasks():
+    assert set(TASKS) <= set(get_suite("navigation").tasks)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_check_env_state(task):
+    env = make_env(task)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # render_mode=None warnings
+        check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=0)
+    assert obs["state"].shape == (6 + 2 * len(COLORS),) and obs["state"].dtype == np.float32
+    env.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_check_env_pixels(task):
+    env = make_env(task, obs_mode="pixels", image_size=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env, skip_render_check=True)
+    env.close()
+
+
+def test_pixel_obs_and_render():
+    env = make_env("goto-room", obs_mode="pixels", image_size=48, render_mode="rgb_array", render_size=64)
+    obs, _ = env.reset(seed=1)
+    assert obs["image"].shape == (48, 48, 3) and obs["image"].dtype == np.uint8
+    assert obs["state"].shape == (env.unwrapped.proprio_dims,)
+    assert obs["image"].std() > 0  # not a blank frame
+    frame = env.render()
+    assert frame.shape == (64, 64, 3) and frame.dtype == np.uint8
+    env.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_reset_is_deterministic(task):
+    env = make_env(task)
+    a, ia = env.reset(seed=7)
+    b, ib = env.reset(seed=7)
+    np.testing.assert_array_equal(a["state"], b["state"])
+    assert a["instruction"] == b["instruction"] and ia["params"] == ib["params"]
+    for _ in range(5):
+        sa = env.step(np.array([0.8, 0.3], np.float32))[0]["state"]
+    env.reset(seed=7)
+    for _ in range(5):
+        sb = env.step(np.array([0.8, 0.3], np.float32))[0]["state"]
+    np.testing.assert_array_equal(sa, sb)
+    c, _ = env.reset(seed=8)
+    assert not np.array_equal(a["state"], c["state"])
+
+
+def test_scene_is_task_independent():
+    """Same seed, any task: the same state layout and the same balls; only the words differ."""
+    states = {t: make_env(t).reset(seed=11)[0]["state"] for t in TASKS}
+    first = states[TASKS[0]]
+    for t, st in states.items():
+        assert st.shape == first.shape
+        np.testing.assert_array_equal(st[6:], first[6:], err_msg=t)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_instruction_split(task):
+    spec = get_task(task)
+    assert len(spec.train_instructions) >= 5 and len(spec.heldout_instructions) >= 3
+    assert not set(spec.train_instructions) & set(spec.heldout_instructions)
+    env = make_env(task, instruction_split="heldout")
+    held = set()
+    for s in range(12):
+        obs, info = env.reset(seed=s)
+        held.add(obs["instruction"])
+        formatted_train = {t.format(**info["params"]) for t in spec.train_instructions}
+        assert obs["instruction"] not in formatted_train
+        assert any(obs["instruction"] == t.format(**info["params"]) for t in spec.heldout_instructions)
+    assert len(held) > 1
+
+
+def test_instruction_names_the_goal():
+    env = make_env("goto-landmark")
+    colors = set()
+    for s in range(20):
+        obs, info = env.reset(seed=s)
+        colors.add(info["params"]["color"])
+        assert info["params"]["color"] in obs["instruction"]
+    assert colors == set(COLORS)
+    env = make_env("goto-room")
+    rooms = {env.reset(seed=s)[1]["params"]["room"] for s in range(20)}
+    assert rooms == set(ROOMS)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_expert_succeeds(task):
+    env = make_env(task)
+    wins = 0
+    for s in range(EXPERT_SEEDS):
+        obs, _ = env.reset(seed=1000 + s)
+        for _ in range(env.unwrapped.max_episode_steps):
+            obs, reward, term, trunc, info = env.step(env.unwrapped.expert_action())
+            terms = info["reward_terms"]
+            assert 0.0 <= reward <= 1.0 and all(0.0 <= v <= 1.0 for v in terms.values()), terms
+            if term or trunc:
+                break
+        wins += bool(term and info["success"])
+    assert wins / EXPERT_SEEDS >= 0.95, f"{task}: expert succeeded {wins}/{EXPERT_SEEDS}"
+
+
+def test_reward_weights_sum_to_one():
+    for task in TASKS:
+        env = make_env(task)
+        env.reset(seed=0)
+        _, terms, weights = env.unwrapped._evaluate()
+        assert set(weights) <= set(terms) and abs(sum(weights.values()) - 1.0) < 1e-9
+
+
+def test_avoid_violation_fails_the_episode():
+    from sim.navigation.tasks import AVOID_RADIUS, REACH_RADIUS
+
+    env = make_env("approach-avoid").unwrapped
+    env.reset(seed=3)
+    target, avoid = env.goal.point, env.scene.landmarks[env.goal.avoid]
+    away = (target - avoid) / np.linalg.norm(target - avoid)
+    at_target = target + 0.8 * REACH_RADIUS * away  # on the far side from the avoided ball
+    env.data.qpos[:2] = at_target
+    assert env._evaluate()[0]
+    env.data.qpos[:2] = avoid + 0.7 * AVOID_RADIUS * away  # inside the keep-out radius
+    success, terms, _ = env._evaluate()
+    assert not success and terms["avoid"] == 0.0
+    env.data.qpos[:2] = at_target  # back at the target, but the violation is latched
+    assert not env._evaluate()[0]
+    env.reset(seed=3)
+    env.data.qpos[:2] = at_target  # a new episode starts clean
+    assert env._evaluate()[0]
+
+
+def test_gym_make_and_render():
+    import gymnasium as gym
+
+    from embodied.registry import gym_id
+
+    env = gym.make(gym_id("goto-between"), render_mode="rgb_array", render_size=64)
+    obs, _ = env.reset(seed=0)
+    frame = env.render()
+    assert frame.shape == (64, 64, 3) and frame.dtype == np.uint8 and frame.std() > 0
+    env.close()
+
+
+def test_bad_action_rejected():
+    from embodied.errors import InvalidActionError
+
+    env = make_env("goto-room")
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError):
+        env.step(np.zeros(3, np.float32))
