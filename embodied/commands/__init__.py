@@ -1,0 +1,1 @@
+"""One module per ``embodied`` sub-command; each exposes ``main()`` (a Hydra app) and ``run(cfg)``."""
