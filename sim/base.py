@@ -172,9 +172,12 @@ class TaskEnv(gym.Env):
         if a.shape != self.action_space.shape:
             raise InvalidActionError(f"action must have shape {self.action_space.shape} "
                                      f"({', '.join(self.action_names)}), got {a.shape}")
-        if not np.isfinite(a).all():
-            raise InvalidActionError(f"action contains NaN or inf: {a}; refusing to step")
-        self._apply_action(np.clip(a, -1.0, 1.0))  # out-of-range values are clipped
+        lo, hi = a.min(), a.max()  # NaN fails both comparisons below
+        if not (lo >= -1.0 and hi <= 1.0):
+            if not np.isfinite(a).all():
+                raise InvalidActionError(f"action contains NaN or inf: {a}; refusing to step")
+            a = np.minimum(np.maximum(a, -1.0), 1.0)  # out-of-range values are clipped (documented)
+        self._apply_action(a)
         mujoco.mj_step(self.model, self.data, nstep=self.n_substeps)
         self._step_count += 1
         success, terms, weights = self._evaluate()
