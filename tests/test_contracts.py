@@ -1,0 +1,173 @@
+"""Contract tests parameterised over every registered task of our own suites."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import embodied
+from embodied.errors import InvalidActionError, UnknownNameError
+from embodied.registry import get_task
+
+SUITES = ("manipulation", "navigation")
+TASKS = [t for s in SUITES for t in embodied.list_tasks(s)]
+
+
+def test_suites_registered():
+    assert set(SUITES) <= set(embodied.list_suites())
+    assert len(embodied.list_tasks("manipulation")) >= 8
+    assert len(embodied.list_tasks("navigation")) >= 4
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_check_env_state_and_pixels(task):
+    for mode in ("state", "pixels"):
+        env = embodied.make_env(task, obs_mode=mode, image_size=32)
+        check_env(env, skip_render_check=True)
+        env.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_observation_reward_contract(task):
+    env = embodied.make_env(task)
+    u = env.unwrapped
+    obs, info = env.reset(seed=3)
+    assert obs["state"].dtype == np.float32 and obs["state"].shape == (u.observation_spec.state_dim,)
+    assert isinstance(obs["instruction"], str) and obs["instruction"]
+    assert "{" not in obs["instruction"], "template fields must be filled"
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        obs, r, term, trunc, info = env.step(rng.uniform(-1, 1, env.action_space.shape).astype(np.float32))
+        assert np.isfinite(obs["state"]).all()
+        assert 0.0 <= r <= 1.0 + 1e-6
+        assert info["reward_terms"] and all(0.0 <= v <= 1.0 for v in info["reward_terms"].values())
+        assert isinstance(info["success"], bool)
+        if term or trunc:
+            break
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_determinism_under_seed(task):
+    def rollout():
+        env = embodied.make_env(task)
+        obs, _ = env.reset(seed=11)
+        states, rng = [obs["state"]], np.random.default_rng(1)
+        for _ in range(15):
+            obs, *_ = env.step(rng.uniform(-1, 1, env.action_space.shape).astype(np.float32))
+            states.append(obs["state"])
+        return obs["instruction"], np.stack(states)
+
+    (i1, s1), (i2, s2) = rollout(), rollout()
+    assert i1 == i2
+    np.testing.assert_array_equal(s1, s2)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_expert_success(task):
+    env = embodied.make_env(task)
+    wins = 0
+    for seed in range(20):
+        env.reset(seed=seed)
+        for _ in range(env.unwrapped.max_episode_steps):
+            _, _, term, trunc, info = env.step(env.unwrapped.expert_action())
+            if term or trunc:
+                break
+        wins += info["success"]
+    assert wins >= 19, f"{task}: expert succeeded {wins}/20"
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_paraphrase_split(task):
+    spec = get_task(task)
+    assert len(spec.train_instructions) >= 5 and len(spec.heldout_instructions) >= 3
+    assert not set(spec.train_instructions) & set(spec.heldout_instructions)
+    env = embodied.make_env(task, instruction_split="heldout")
+    seen = {env.reset(seed=s)[0]["instruction"] for s in range(10)}
+    env_train = embodied.make_env(task)
+    train_seen = {env_train.reset(seed=s)[0]["instruction"] for s in range(10)}
+    assert not seen & train_seen
+
+
+def test_pixel_observations_multi_camera():
+    env = embodied.make_env("pick", obs_mode="pixels", cameras=["front", "top"], image_size=48)
+    obs, _ = env.reset(seed=0)
+    assert obs["image"].shape == (48, 48, 3) and obs["image"].dtype == np.uint8
+    assert set(obs["images"]) == {"front", "top"}
+    assert obs["state"].shape == (env.unwrapped.proprio_dims,)
+    assert obs["image"].std() > 5, "rendered image is blank"
+
+
+# ----------------------------------------------------------------- bad input
+def test_unknown_task_lists_valid_names():
+    with pytest.raises(UnknownNameError) as e:
+        embodied.make_env("pick-up")
+    assert "pick" in str(e.value) and "Did you mean" in str(e.value)
+    with pytest.raises(UnknownNameError, match="Valid suites"):
+        embodied.get_suite("manipulaton")
+
+
+@pytest.mark.parametrize("bad", [np.zeros(3), np.zeros((1, 4)), np.zeros(5)])
+def test_wrong_action_shape(bad):
+    env = embodied.make_env("reach")
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError, match="shape"):
+        env.step(bad.astype(np.float32))
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_action_refused_and_state_unchanged(value):
+    env = embodied.make_env("reach")
+    obs, _ = env.reset(seed=0)
+    with pytest.raises(InvalidActionError, match="NaN or inf"):
+        env.step(np.array([0, value, 0, 0], np.float32))
+    np.testing.assert_array_equal(env.unwrapped._state(), obs["state"])
+
+
+def test_out_of_range_action_is_clipped():
+    a, b = embodied.make_env("reach"), embodied.make_env("reach")
+    a.reset(seed=0), b.reset(seed=0)
+    oa = a.step(np.array([5, -5, 3, 9], np.float32))[0]
+    ob = b.step(np.array([1, -1, 1, 1], np.float32))[0]
+    np.testing.assert_allclose(oa["state"], ob["state"])
+
+
+def test_instruction_for_wrong_suite():
+    # A template whose fields the task lacks is a clear error naming the field ...
+    env = embodied.make_env("pick", instructions=["go to the {room}"])
+    with pytest.raises(ValueError, match="room"):
+        env.reset(seed=0)
+    # ... while free text is accepted as the user's own wording (the policy decides).
+    env = embodied.make_env("pick", instructions=["go to the kitchen"])
+    assert env.reset(seed=0)[0]["instruction"] == "go to the kitchen"
+
+
+def test_bad_env_arguments():
+    with pytest.raises(ValueError, match="obs_mode"):
+        embodied.make_env("pick", obs_mode="depth")
+    with pytest.raises(ValueError, match="camera"):
+        embodied.make_env("pick", obs_mode="pixels", cameras=["wrist"])
+    with pytest.raises(ValueError, match="instruction split"):
+        embodied.make_env("pick", instruction_split="test")
+
+
+# ----------------------------------------------------------------- Robot
+def test_sim_robot_contract():
+    from embodied.robot import RobotNotConnectedError
+
+    robot = embodied.SimRobot("press-button", seed=4)
+    with pytest.raises(RobotNotConnectedError):
+        robot.get_observation()
+    with robot:
+        obs = robot.get_observation()
+        assert obs["state"].shape == (robot.observation_spec.state_dim,)
+        sent = robot.send_action(np.array([2.0, 0, -0.5, 0], np.float32))
+        np.testing.assert_array_equal(sent, [1.0, 0, -0.5, 0])
+        with pytest.raises(InvalidActionError):
+            robot.send_action(np.array([np.nan, 0, 0, 0]))
+        for _ in range(60):
+            robot.send_action(robot.env.unwrapped.expert_action())
+            if robot.done:
+                break
+        assert robot.last_info["success"]
+    assert not robot.is_connected
