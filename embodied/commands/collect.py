@@ -109,8 +109,9 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
             while ok < todo[task] and ok + fail < max_attempts_factor * todo[task] + 5:
                 ep_seed = seed + ti * 1_000_000 + k
                 k += 1
-                obs, _ = env.reset(seed=ep_seed)
-                rec.start(task=task, seed=ep_seed, instruction=obs["instruction"], instruction_split="train")
+                obs, reset_info = env.reset(seed=ep_seed)
+                rec.start(task=task, seed=ep_seed, instruction=obs["instruction"], instruction_split="train",
+                          params=reset_info.get("params", {}))
                 while True:
                     action = u.expert_action()
                     executed = action

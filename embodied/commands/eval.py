@@ -89,6 +89,20 @@ def load_for_eval(checkpoint: str, device: str = "auto", num_inference_steps: in
     return policy
 
 
+def policy_env_kwargs(policy: Any, tasks: list[str]) -> dict[str, Any]:
+    """Env arguments that give ``policy`` the observations it was trained on; checks specs."""
+    from embodied.commands.collect import env_kwargs
+    from embodied.registry import make_env
+
+    spec = policy.obs_spec
+    kw = env_kwargs(policy.config.obs_mode, spec.image_size, list(spec.cameras))
+    for t in tasks:
+        env = make_env(t, **kw)
+        policy.check_spec(env.unwrapped.observation_spec, env.unwrapped.action_spec)
+        env.close()
+    return kw
+
+
 def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     tasks = resolve_tasks(cfg.suite, cfg.tasks)
     instructions = dict(cfg.instructions)
@@ -100,10 +114,7 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     if policy is None:
         policy = "expert"
     else:
-        from embodied.commands.collect import env_kwargs as _kw
-
-        policy.check_tasks(tasks) if hasattr(policy, "check_tasks") else None
-        env_kwargs = _kw(policy.obs_mode, policy.observation_spec.image_size, policy.observation_spec.cameras)
+        env_kwargs = policy_env_kwargs(policy, tasks)
     vector = cfg.vector if cfg.vector != "auto" else ("async" if env_kwargs.get("obs_mode", "state") != "state"
                                                       else "sync")
     metrics, results = evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,

@@ -1,0 +1,296 @@
+"""``embodied train``: demonstrations -> a language-conditioned policy -> evaluation.
+
+    embodied train                                   # manipulation suite, state obs, flow policy
+    embodied train suite=navigation policy=diffusion
+    embodied train obs_mode=pixels steps=20000
+
+Steps: (1) collect scripted demonstrations into ``dataset`` unless it already holds
+enough (collection resumes); (2) train with AdamW + cosine schedule + EMA, logging to
+TensorBoard (``tb/``) with a progress bar, evaluating every ``eval_every`` steps and
+saving ``checkpoint/`` (policy) + ``trainer_state.pt`` (optimiser, step) every
+``save_every`` steps; (3) evaluate on training and held-out paraphrases, writing
+``metrics.json``, ``report.md``, ``success.png``, ``training_curve.png`` and videos.
+Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint.
+
+Instructions are re-sampled during training: each window gets a random *training*
+paraphrase of its task, filled with the episode's parameters (held-out ones are never
+seen), so the policy learns what the words mean rather than one sentence per task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embodied.app import hydra_command, run_dir
+from embodied.evaluate import write_json
+from embodied.registry import get_task, make_env, resolve_tasks
+
+log = logging.getLogger("embodied.train")
+
+
+@dataclass
+class TrainConfig:
+    """Schema of ``configs/train.yaml`` (the policy's own fields live in ``configs/policy/``)."""
+
+    suite: str = "manipulation"
+    tasks: list[str] = field(default_factory=list)  # overrides suite when given
+    policy: dict[str, Any] = field(default_factory=lambda: {"name": "flow"})
+    obs_mode: str = "state"  # "state" or "pixels"
+    image_size: int = 64
+    cameras: list[str] = field(default_factory=list)
+    dataset: str = ""  # default data/<suite>-<obs_mode>; collected when it holds too few episodes
+    demos: int = 100  # demonstrations per task
+    demo_noise: float = 0.1  # noise on executed expert actions while collecting (recovery data)
+    steps: int = 4000  # gradient steps
+    batch_size: int = 256
+    eval_every: int = 0  # steps between periodic evaluations (0: final only)
+    eval_episodes_periodic: int = 10  # per task, training paraphrases
+    eval_episodes: int = 50  # final evaluation, per task and split
+    eval_seed: int = 100_000
+    save_every: int = 1000
+    num_envs: int = 10
+    videos: int = 2
+    seed: int = 0
+    device: str = "auto"
+    threads: int = 0  # torch CPU threads (0: all cores)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("demos", "steps", "batch_size", "eval_episodes", "save_every", "num_envs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
+        if self.obs_mode not in ("state", "pixels"):
+            raise ValueError(f"obs_mode must be 'state' or 'pixels', got {self.obs_mode!r}")
+        if "name" not in self.policy:
+            raise ValueError("policy needs a name: policy=flow | diffusion | mlp")
+        if self.policy["name"] == "expert":
+            raise ValueError("policy=expert has nothing to train: use policy=flow, diffusion or mlp")
+
+
+class Batcher:
+    """Random training windows as policy batches (numpy; see ``embodied.data.sample_windows``)."""
+
+    def __init__(self, ds: Any, tasks: list[str], n_obs_steps: int, horizon: int, pixels: bool, seed: int):
+        from embodied.data import make_windows
+
+        feats = ("state", "action") + (("image",) if pixels else ())
+        self.arrays, self.ends = ds.load_arrays(features=feats, tasks=tasks)
+        metas = [m for m in ds.episodes_meta if m.get("task") in tasks]
+        self.task_of = [m["task"] for m in metas]
+        self.params = [m.get("params") or {} for m in metas]
+        self.templates = {t: get_task(t).train_instructions for t in set(self.task_of)}
+        self.windows = make_windows(self.ends, horizon)
+        self.to, self.h = n_obs_steps, horizon
+        self.rng = np.random.default_rng(seed)
+        self._cache: dict[tuple[str, int, int], str] = {}
+
+    def instruction(self, ep: int, k: int) -> str:
+        key = (self.task_of[ep], ep, k)
+        if key not in self._cache:
+            self._cache[key] = self.templates[self.task_of[ep]][k].format(**self.params[ep])
+        return self._cache[key]
+
+    def sample(self, batch_size: int) -> dict[str, Any]:
+        from embodied.data import sample_windows
+
+        idx = self.windows[self.rng.integers(len(self.windows), size=batch_size)]
+        batch = sample_windows(self.arrays, self.ends, idx, self.to, self.h)
+        eps = idx[:, 0]
+        batch["instruction"] = [self.instruction(int(e), int(self.rng.integers(len(self.templates[self.task_of[e]]))))
+                                for e in eps]
+        batch["task"] = [self.task_of[int(e)] for e in eps]
+        return batch
+
+
+def _ensure_dataset(cfg: TrainConfig, tasks: list[str]) -> Any:
+    from embodied.commands.collect import collect
+    from embodied.data import Dataset
+
+    path = Path(cfg.dataset or f"data/{cfg.suite if not cfg.tasks else '-'.join(cfg.tasks)}-{cfg.obs_mode}")
+    have: dict[str, int] = {}
+    if (path / "meta.json").exists():
+        for m in Dataset.open(path).episodes_meta:
+            have[m.get("task")] = have.get(m.get("task"), 0) + 1
+    if any(have.get(t, 0) < cfg.demos for t in tasks):
+        log.info("collecting demonstrations into %s (%d per task)", path, cfg.demos)
+        collect(tasks, path, cfg.demos, cfg.obs_mode, cfg.image_size, cfg.cameras, seed=cfg.seed,
+                action_noise=cfg.demo_noise, progress=cfg.progress, suite=cfg.suite)
+    ds = Dataset.open(path)
+    log.info("dataset %s: %d episodes, %d steps", path, len(ds), sum(ds.lengths))
+    return ds
+
+
+def _save(policy: Any, opt: Any, sched: Any, step: int, curve: list[Any], out: Path) -> None:
+    """Checkpoint atomically: write into a temp dir, then swap it in."""
+    import torch
+
+    tmp, final = out / "checkpoint.tmp", out / "checkpoint"
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save(str(tmp))
+    torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "curve": curve},
+               tmp / "trainer_state.pt")
+    old = out / "checkpoint.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def plot_curve(path: Path, losses: list[tuple[int, float]], curve: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    if losses:
+        s, v = zip(*losses)
+        ax.plot(s, v, color="tab:blue", lw=1, label="training loss")
+        ax.set_yscale("log")
+    ax.set_xlabel("gradient step")
+    ax.set_ylabel("loss", color="tab:blue")
+    if curve:
+        ax2 = ax.twinx()
+        ax2.plot([c["step"] for c in curve], [c["success_rate"] for c in curve], "o-", color="tab:green",
+                 label="success (training paraphrases)")
+        ax2.set_ylim(0, 1.05)
+        ax2.set_ylabel("success rate", color="tab:green")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+    import torch
+    from tqdm.auto import tqdm
+
+    from embodied.commands.collect import env_kwargs
+    from embodied.evaluate import evaluate, save_videos, write_report
+    from policies import load_policy, make_config, make_policy
+
+    t_start = time.time()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    tasks = resolve_tasks(cfg.suite, cfg.tasks)
+    name = cfg.policy["name"]
+    pcfg = make_config(name, {**cfg.policy, "obs_mode": cfg.obs_mode})  # validates before any work
+    kw = env_kwargs(cfg.obs_mode, cfg.image_size, cfg.cameras)
+    probe = make_env(tasks[0], **kw)
+    obs_spec, action_spec = probe.unwrapped.observation_spec, probe.unwrapped.action_spec
+    probe.close()
+
+    ds = _ensure_dataset(cfg, tasks)
+    t_data = time.time() - t_start
+    ckpt = out / "checkpoint"
+    curve: list[dict[str, Any]] = []
+    start_step = 0
+    if (ckpt / "trainer_state.pt").exists():
+        policy = load_policy(str(ckpt), device=cfg.device)
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        start_step, curve = int(state["step"]), list(state["curve"])
+        log.info("resuming from %s at step %d", ckpt, start_step)
+    else:
+        stats = ds.stats
+        policy = make_policy(name, pcfg, obs_spec, action_spec, stats, task_names=tasks, device=cfg.device)
+    opt = policy.make_optimizer()
+    sched = policy.make_scheduler(opt, cfg.steps)
+    if start_step:
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+    n_params = sum(p.numel() for p in policy.model.parameters())
+    log.info("%s policy, %.2fM parameters, device %s", name, n_params / 1e6, policy.device)
+
+    batcher = Batcher(ds, tasks, policy.n_obs_steps, policy.horizon, cfg.obs_mode == "pixels", cfg.seed + start_step)
+    from torch.utils.tensorboard import SummaryWriter
+
+    tb = SummaryWriter(str(out / "tb"))
+    losses: list[tuple[int, float]] = []
+    vector = "async" if cfg.obs_mode == "pixels" else "sync"
+
+    def periodic_eval(step: int) -> None:
+        policy.eval()
+        m, _ = evaluate(policy, tasks, cfg.eval_episodes_periodic, ("train",), cfg.eval_seed + 50_000,
+                        cfg.num_envs, vector, kw, progress=False)
+        policy.train()
+        curve.append({"step": step, "success_rate": m["success_rate"]})
+        tb.add_scalar("eval/success_rate", m["success_rate"], step)
+        log.info("step %d: success %.3f", step, m["success_rate"])
+
+    policy.train()
+    t_train = time.time()
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=f"train {name}",
+               disable=not cfg.progress)
+    step = start_step
+    try:
+        for step in bar:
+            batch = batcher.sample(cfg.batch_size)
+            loss, logs = policy.compute_loss(batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            policy.ema_update()
+            if step % 25 == 0:
+                losses.append((step, logs["loss"]))
+                tb.add_scalar("train/loss", logs["loss"], step)
+                tb.add_scalar("train/lr", sched.get_last_lr()[0], step)
+                bar.set_postfix(loss=f"{logs['loss']:.4f}")
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                periodic_eval(step + 1)
+            if (step + 1) % cfg.save_every == 0:
+                _save(policy, opt, sched, step + 1, curve, out)
+        step = cfg.steps
+    except KeyboardInterrupt:
+        log.warning("interrupted at step %d: saving a checkpoint to resume from", step)
+        _save(policy, opt, sched, step, curve, out)
+        raise
+    finally:
+        bar.close()
+    train_time = time.time() - t_train
+    samples_per_s = (cfg.steps - start_step) * cfg.batch_size / max(train_time, 1e-9)
+    _save(policy, opt, sched, cfg.steps, curve, out)
+
+    policy.eval()
+    metrics, results = evaluate(policy, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
+                                cfg.num_envs, vector, kw, videos=cfg.videos, progress=cfg.progress)
+    curve.append({"step": cfg.steps, "success_rate": metrics["success_rate"]})
+    videos = save_videos(out, results) if cfg.videos else {}
+    metrics.update({
+        "policy": name, "suite": cfg.suite, "obs_mode": cfg.obs_mode, "steps": cfg.steps,
+        "checkpoint": str(ckpt), "videos": videos, "success_curve": curve,
+        "final_loss": losses[-1][1] if losses else None, "parameters": n_params,
+        "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,
+        "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
+    })
+    write_json(out / "metrics.json", metrics)
+    write_report(out, metrics, f"{name} policy on {cfg.suite} ({cfg.obs_mode})", videos)
+    plot_curve(out / "training_curve.png", losses, curve)
+    tb.add_scalar("eval/final_success_rate", metrics["success_rate"], cfg.steps)
+    tb.close()
+    return metrics
+
+
+@hydra_command("train", TrainConfig)
+def main(cfg: TrainConfig) -> dict[str, Any]:
+    from embodied.commands.eval import log_table
+
+    out = run_dir()
+    metrics = train(cfg, out)
+    log_table(metrics)
+    log.info("total %.0f s (data %.0f s, training %.0f s at %.0f samples/s, evaluation %.0f s); run dir %s",
+             metrics["wall_time_s"], metrics["data_time_s"], metrics["train_time_s"],
+             metrics["train_samples_per_s"], metrics["eval_time_s"], out)
+    return metrics
