@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install what embodied needs on a fresh Debian machine: OpenGL for headless MuJoCo
+# rendering (EGL, with OSMesa as the fallback) and the Python package with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")"
+need=()
+for pkg in libegl1 libgl1 libosmesa6; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+python3 -m pip install -q --disable-pip-version-check -e ".[dev]"

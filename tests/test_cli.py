@@ -1,0 +1,125 @@
+"""Smoke runs of every command (tiny budgets), their outputs, and bad-config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMALL = os.environ.get("EMBODIED_SLOW_BUDGET", "full") == "small" or os.environ.get("CI") == "true"
+
+
+def embodied(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    extra = ["progress=false"] if args[0] in ("collect", "eval", "train") else []
+    cmd = [sys.executable, "-m", "embodied.cli", *args, *extra]
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def test_usage_and_unknown_command(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "embodied.cli"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and "train" in r.stdout and "eval" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "trian"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "Did you mean 'train'" in r.stderr
+
+
+def test_collect_then_eval_expert(tmp_path):
+    embodied("collect", "tasks=[reach,press-button]", "episodes=2", f"out={tmp_path}/ds",
+             f"hydra.run.dir={tmp_path}/collect", cwd=tmp_path)
+    m = json.loads((tmp_path / "collect/metrics.json").read_text())
+    assert m["episodes"] == 4
+    from embodied.data import Dataset
+
+    ds = Dataset.open(tmp_path / "ds", validate=True)
+    assert {e["task"] for e in ds.episodes_meta} == {"reach", "press-button"}
+    assert all(e["success"] for e in ds.episodes_meta)
+
+    embodied("eval", "policy=expert", "tasks=[reach]", "episodes=3", "videos=1", "num_envs=2",
+             f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+    m = json.loads((tmp_path / "eval/metrics.json").read_text())
+    for key in ("success_rate", "heldout_paraphrase_success_rate", "per_task", "wall_time_s"):
+        assert key in m
+    p = m["per_task"]["reach"]
+    assert p["episodes"] == 3 and 0 <= p["ci_low"] <= p["success_rate"] <= p["ci_high"] <= 1
+    assert m["success_rate"] == 1.0
+    assert (tmp_path / "eval/report.md").exists() and (tmp_path / "eval/success.png").exists()
+    assert any((tmp_path / "eval/videos").iterdir())
+
+
+def test_eval_custom_instructions_file(tmp_path):
+    f = tmp_path / "words.yaml"
+    f.write_text("press-button: ['give the {color} button a push']\n")
+    embodied("eval", "policy=expert", "tasks=[press-button]", "episodes=2", "videos=0", f"instructions_file={f}",
+             f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+    m = json.loads((tmp_path / "eval/metrics.json").read_text())
+    assert m["per_task"]["press-button"]["custom"]["episodes"] == 2
+    assert "custom_instruction_success_rate" in m
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("eval", "episodes=0"), "episodes"),
+    (("eval", "vector=threads"), "vector"),
+    (("collect", "obs_mode=depth"), "obs_mode"),
+    (("train", "policy.horizon=2", "policy.n_action_steps=8"), "horizon"),
+    (("train", "policy.sampler=rk4"), "sampler"),
+    (("eval", "suite=manipulaton"), "manipulation"),
+    (("eval", "checkpoint=/nonexistent/ckpt"), "/nonexistent/ckpt"),
+])
+def test_bad_config_names_the_field(tmp_path, args, needle):
+    r = embodied(*args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, check=False)
+    assert r.returncode != 0
+    assert needle in r.stderr, r.stderr[-2000:]
+
+
+def test_bench_smoke(tmp_path):
+    embodied("bench", "tasks=[reach]", "sim_steps=100", "render_frames=5", "render_sizes=[32]",
+             f"hydra.run.dir={tmp_path}/bench", cwd=tmp_path)
+    m = json.loads((tmp_path / "bench/metrics.json").read_text())
+    assert m["sim"]["per_task"]["reach"]["env_steps_per_s"] > 0 and m["render"]["32px_fps"] > 0
+
+
+def test_render_and_train_in_one_process():
+    """Rendering with Mesa and then a torch optimiser must not crash (triton/LLVM clash)."""
+    code = ("import sim, embodied, torch\n"
+            "env = embodied.make_env('reach', obs_mode='pixels'); obs, _ = env.reset(seed=0)\n"
+            "assert obs['image'].std() > 0\n"
+            "net = torch.nn.Linear(4, 4); opt = torch.optim.Adam(net.parameters())\n"
+            "net(torch.ones(1, 4)).sum().backward(); opt.step(); print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_train_eval_play_resume(tmp_path):
+    steps = 30 if SMALL else 300
+    run = tmp_path / "train"
+    common = ("tasks=[reach,press-button]", "demos=3", f"dataset={tmp_path}/ds", "eval_episodes=2",
+              "num_envs=2", "videos=1", "save_every=10", f"hydra.run.dir={run}")
+    embodied("train", f"steps={steps}", *common, cwd=tmp_path)
+    m = json.loads((run / "metrics.json").read_text())
+    for key in ("success_rate", "heldout_paraphrase_success_rate", "per_task", "wall_time_s", "success_curve"):
+        assert key in m
+    assert set(m["per_task"]) == {"reach", "press-button"}
+    for f in ("checkpoint/model.safetensors", "checkpoint/config.json", "report.md", "training_curve.png",
+              "success.png"):
+        assert (run / f).exists(), f
+    # resume: the same run dir with more steps continues from the saved step
+    r = embodied("train", f"steps={steps + 10}", *common, cwd=tmp_path)
+    assert f"resuming from {run}/checkpoint at step {steps}" in r.stderr + r.stdout
+    # the checkpoint evaluates and plays
+    embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach]", "episodes=2", "num_envs=2",
+             f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+    embodied("play", f"checkpoint={run}/checkpoint", "task=reach", "instruction=hover above the green cube",
+             f"hydra.run.dir={tmp_path}/play", cwd=tmp_path)
+    m = json.loads((tmp_path / "play/metrics.json").read_text())
+    assert m["instruction"] == "hover above the green cube" and m["video"]
+    # a checkpoint on a task whose spec differs is refused with a clear message
+    r = embodied("eval", f"checkpoint={run}/checkpoint", "suite=navigation", "episodes=1",
+                 f"hydra.run.dir={tmp_path}/bad", cwd=tmp_path, check=False)
+    assert r.returncode != 0 and "does not match" in r.stderr
