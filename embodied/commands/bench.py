@@ -33,6 +33,13 @@ class BenchConfig:
     render_frames: int = 200
     sections: list[str] = field(default_factory=lambda: ["sim", "render"])  # + "policy"
     seed: int = 0
+    # policy section (see embodied/commands/bench_policy.py)
+    policy_families: list[str] = field(default_factory=lambda: ["flow", "diffusion", "mlp"])
+    policy_checkpoints: dict[str, str] = field(default_factory=dict)  # family -> checkpoint; else trained
+    policy_dataset: str = ""
+    policy_demos: int = 100
+    policy_train_steps: int = 4000
+    policy_eval_episodes: int = 20
 
     def __post_init__(self) -> None:
         bad = [s for s in self.sections if s not in ("sim", "render", "policy")]

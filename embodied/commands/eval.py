@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied.app import hydra_command, run_dir
+from embodied.distributed import PolicySource, evaluate_ray, ray_options
 from embodied.evaluate import evaluate, save_videos, write_json, write_report
 from embodied.registry import resolve_tasks
 
@@ -38,6 +39,7 @@ class EvalConfig:
     splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
     instructions: dict[str, list[str]] = field(default_factory=dict)  # task -> your own templates
     instructions_file: str = ""  # YAML/JSON file mapping task -> list of templates
+    swap_instructions: bool = False  # also evaluate each task with another task's instructions
     seed: int = 100_000  # evaluation seeds are disjoint from collection seeds
     num_envs: int = 8
     vector: str = "auto"  # auto: async (worker processes) for pixels, sync for state
@@ -45,6 +47,11 @@ class EvalConfig:
     num_inference_steps: int = 0  # 0: the checkpoint's setting
     device: str = "auto"
     progress: bool = True
+    runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
+    ray_address: str = ""  # runner=ray: "" starts Ray here; "auto" or HOST:PORT joins a running cluster
+    ray_num_cpus: int = 0  # runner=ray, local instance: CPUs (0: all)
+    ray_shard_episodes: int = 0  # runner=ray: episodes per shard (0: about two shards per worker)
+    ray_retries: int = 2  # runner=ray: retries of a shard whose worker died
 
     def __post_init__(self) -> None:
         name = self.policy.get("name")
@@ -59,6 +66,7 @@ class EvalConfig:
             raise ValueError(f"vector must be one of {VECTOR}, got {self.vector!r}")
         if self.num_inference_steps < 0:
             raise ValueError(f"num_inference_steps must be >= 0, got {self.num_inference_steps}")
+        ray_options(self)
 
 
 def load_instructions(path: str) -> dict[str, list[str]]:
@@ -77,6 +85,32 @@ def load_instructions(path: str) -> dict[str, list[str]]:
         if not isinstance(v, list) or not v or not all(isinstance(s, str) and s.strip() for s in v):
             raise ValueError(f"instructions_file {path!r}: task {task!r} needs a non-empty list of strings")
         out[str(task)] = v
+    return out
+
+
+def swapped_instructions(tasks: list[str]) -> dict[str, list[str]]:
+    """For each task, the training instructions of another task of the same scene.
+
+    The partner is the next task (cyclically) whose templates only use fields the task
+    also has, so the words are well formed but ask for something else. Success on the
+    instructed task should then drop to chance if the policy reads the instruction.
+    """
+    import string
+
+    from embodied.registry import get_task
+
+    def fields(t: str) -> set[str]:
+        return {f for tpl in get_task(t).train_instructions for _, f, _, _ in string.Formatter().parse(tpl) if f}
+
+    out = {}
+    for i, t in enumerate(tasks):
+        for k in range(1, len(tasks)):
+            other = tasks[(i + k) % len(tasks)]
+            if fields(other) <= fields(t) and get_task(other).suite == get_task(t).suite:
+                out[t] = list(get_task(other).train_instructions)
+                break
+    if not out:
+        raise ValueError(f"no task of {tasks} has a partner whose instructions fit its fields")
     return out
 
 
@@ -108,6 +142,10 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     instructions = dict(cfg.instructions)
     if cfg.instructions_file:
         instructions.update(load_instructions(cfg.instructions_file))
+    if cfg.swap_instructions:
+        if instructions:
+            raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
+        instructions = swapped_instructions(tasks)
     env_kwargs: dict[str, Any] = {}
     if policy is None and cfg.checkpoint:
         policy = load_for_eval(cfg.checkpoint, cfg.device, cfg.num_inference_steps)
@@ -117,8 +155,15 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
         env_kwargs = policy_env_kwargs(policy, tasks)
     vector = cfg.vector if cfg.vector != "auto" else ("async" if env_kwargs.get("obs_mode", "state") != "state"
                                                       else "sync")
-    metrics, results = evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
-                                env_kwargs, instructions, cfg.videos, cfg.progress)
+    if cfg.runner == "ray":
+        if not cfg.checkpoint and policy != "expert":
+            raise ValueError("runner=ray loads the policy on each worker from checkpoint=PATH; this policy has none")
+        metrics, results = evaluate_ray(PolicySource(cfg.checkpoint, cfg.device, cfg.num_inference_steps), tasks,
+                                        cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
+                                        instructions, cfg.videos, cfg.progress, ray_options(cfg))
+    else:
+        metrics, results = evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
+                                    env_kwargs, instructions, cfg.videos, cfg.progress)
     videos = save_videos(out, results) if cfg.videos else {}
     metrics["videos"] = videos
     metrics["policy"] = cfg.checkpoint or cfg.policy["name"]
