@@ -7,12 +7,15 @@ every split and every policy, so numbers are comparable across runs.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +49,10 @@ def evaluate(
 ) -> tuple[dict[str, Any], dict[str, list[EpisodeResult]]]:
     """Evaluate ``policy`` on each task and instruction split.
 
+    A ``Policy`` is run through ``RowwisePolicy``, so each episode depends only on its
+    task, split and seed (not on ``num_envs`` nor on how episodes are batched or sharded);
+    ``embodied.distributed.evaluate_ray`` gives the same results on Ray workers.
+
     Args:
         policy: a ``Policy`` or ``"expert"``.
         tasks: task names.
@@ -63,6 +70,23 @@ def evaluate(
     """
     from tqdm.auto import tqdm
 
+    runs = eval_runs(tasks, episodes, splits, instructions)
+    env_kwargs = dict(env_kwargs or {})
+    if isinstance(policy, Policy) and not isinstance(policy, RowwisePolicy):
+        policy = RowwisePolicy(policy)
+    t0 = time.time()
+    bar = tqdm(total=len(runs) * episodes, desc="eval", unit="ep", disable=not progress, leave=False)
+    all_results: dict[str, list[EpisodeResult]] = {}
+    for task, split, custom in runs:
+        all_results[f"{task}/{split}"] = run_group(policy, task, split, custom, range(seed, seed + episodes),
+                                                   env_kwargs, num_envs, vector, videos, progress=bar)
+    bar.close()
+    return summarize(tasks, all_results, episodes, seed, time.time() - t0), all_results
+
+
+def eval_runs(tasks: Sequence[str], episodes: int, splits: Sequence[str],
+              instructions: Mapping[str, Sequence[str]] | None) -> list[tuple[str, str, list[str] | None]]:
+    """Check the arguments of an evaluation; return its (task, split, custom instructions) runs in order."""
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"splits may contain {SPLITS}, got {s!r}")
@@ -72,28 +96,38 @@ def evaluate(
     unknown = [t for t in instructions if t not in tasks]
     if unknown:
         raise ValueError(f"instructions given for tasks not being evaluated: {unknown}; tasks: {list(tasks)}")
-    env_kwargs = dict(env_kwargs or {})
-    t0 = time.time()
-    runs = [(t, s, None) for t in tasks for s in splits] + [(t, "custom", v) for t, v in instructions.items()]
-    bar = tqdm(total=len(runs) * episodes, desc="eval", unit="ep", disable=not progress, leave=False)
+    return [(t, s, None) for t in tasks for s in splits] + [(t, "custom", list(v)) for t, v in instructions.items()]
+
+
+def run_group(policy: Policy | str, task: str, split: str, custom: Sequence[str] | None, seeds: Sequence[int],
+              env_kwargs: Mapping[str, Any], num_envs: int, vector: str, videos: int, first: int = 0,
+              progress: Any = None) -> list[EpisodeResult]:
+    """Play ``seeds`` of one (task, split): the unit of work of the local and the Ray runner.
+
+    ``first`` is the position of ``seeds[0]`` among the run's episodes: frames are kept
+    for the run's first ``videos`` episodes (train split only).
+    """
+    kw = dict(env_kwargs, instruction_split="train" if split == "custom" else split)
+    if custom is not None:
+        kw["instructions"] = list(custom)
+    rec = videos if split == "train" else 0
+    if rec:
+        kw["render_mode"] = "rgb_array"
+    return run_episodes(partial(make_env, task, **kw), seeds, policy, num_envs=num_envs, vector=vector,
+                        record=max(0, rec - first), progress=progress, task=task)
+
+
+def summarize(tasks: Sequence[str], results: Mapping[str, Sequence[EpisodeResult]], episodes: int, seed: int,
+              wall_time_s: float) -> dict[str, Any]:
+    """Metrics of an evaluation from its episode records (``"task/split"`` -> records, in run order)."""
     per_task: dict[str, dict[str, Any]] = {t: {} for t in tasks}
-    all_results: dict[str, list[EpisodeResult]] = {}
-    for task, split, custom in runs:
-        kw = dict(env_kwargs, instruction_split="train" if split == "custom" else split)
-        if custom is not None:
-            kw["instructions"] = list(custom)
-        rec = videos if split == "train" else 0
-        if rec:
-            kw["render_mode"] = "rgb_array"
-        res = run_episodes(partial(make_env, task, **kw), range(seed, seed + episodes), policy,
-                           num_envs=num_envs, vector=vector, record=rec, progress=bar, task=task)
-        all_results[f"{task}/{split}"] = res
+    for key, res in results.items():
+        task, split = key.rsplit("/", 1)
         summ = _summary(res)
         if split == "train":
             per_task[task].update(summ)
         else:
             per_task[task][split] = summ
-    bar.close()
 
     def mean_of(split: str) -> float | None:
         vals = [(p if split == "train" else p.get(split, {})).get("success_rate") for p in per_task.values()]
@@ -106,11 +140,90 @@ def evaluate(
         "per_task": per_task,
         "episodes_per_task": episodes,
         "seed": seed,
-        "wall_time_s": time.time() - t0,
+        "wall_time_s": wall_time_s,
     }
-    if instructions:
+    if any(key.rsplit("/", 1)[1] == "custom" for key in results):
         metrics["custom_instruction_success_rate"] = mean_of("custom")
-    return metrics, all_results
+    return metrics
+
+
+class RowwisePolicy(Policy):
+    """``policy`` run one batch row at a time, with each row's initial noise drawn from that row.
+
+    Why (see ``embodied.distributed``): with a plain batched call an episode depends on the
+    episodes that share its batches -- CPU matmuls are not bitwise batch-invariant (a batch
+    of 1 takes another kernel), and a generative policy's own generator hands each row
+    whatever noise is next in its stream. So results would change with ``num_envs`` and
+    with how episodes are sharded over workers. Here a row's chunk depends only on the row:
+    when no ``noise`` is given, a generative policy gets (1, H, Da) N(0, I) noise from a
+    generator seeded with a hash of (``policy.config.seed``, the row's observation history,
+    instruction and task) -- the same hashing idea as the diffusion policy's ddpm sampler.
+    Explicit ``noise`` (steering) is passed through, row by row. Rows run on one torch
+    thread: the result of a reduction (the text encoder's, for one) depends on how many
+    threads share it, and a Ray worker has one CPU where this process may have many.
+    """
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.n_obs_steps, self.horizon, self.n_action_steps = policy.n_obs_steps, policy.horizon, policy.n_action_steps
+        super().__init__()
+        self.noise_shape = getattr(policy, "noise_shape", None) if getattr(policy, "generative", True) else None
+        self.seed = int(getattr(getattr(policy, "config", None), "seed", 0))
+
+    def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
+        b = len(obs_batch["instruction"])
+        chunks = []
+        with _one_torch_thread():
+            for i in range(b):
+                row = {k: _row(v, i) for k, v in obs_batch.items()}
+                row_noise = None if noise is None else noise[i: i + 1]
+                if row_noise is None and self.noise_shape is not None:
+                    row_noise = _row_noise(self.seed, row, tuple(self.noise_shape))
+                chunks.append(np.asarray(self.policy.predict_chunk(row, row_noise)))
+        return np.concatenate(chunks)
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    torch = sys.modules.get("torch")  # only a torch policy has loaded it
+    if torch is None:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _row(value: Any, i: int) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _row(v, i) for k, v in value.items()}
+    if isinstance(value, str) or not hasattr(value, "__getitem__"):
+        return value
+    return value[i: i + 1]
+
+
+def _row_noise(seed: int, row: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:
+    """(1, *shape) float32 N(0, I) noise, a function of ``seed`` and the row's contents."""
+    h = hashlib.blake2b(str(seed).encode(), digest_size=8)
+
+    def feed(key: str, value: Any) -> None:
+        h.update(key.encode())
+        if isinstance(value, Mapping):
+            for k in sorted(value):
+                feed(f"{key}/{k}", value[k])
+        elif isinstance(value, (list, tuple)):
+            h.update(repr([str(v) for v in value]).encode())
+        else:
+            arr = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+            h.update(np.ascontiguousarray(arr).tobytes())
+
+    for k in sorted(row):
+        feed(k, row[k])
+    rng = np.random.default_rng(int.from_bytes(h.digest(), "little"))
+    return rng.standard_normal((1, *shape)).astype(np.float32)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
@@ -177,6 +290,7 @@ def plot_success(path: Path, metrics: Mapping[str, Any]) -> Path:
         vals = [get(per[t]) or {"success_rate": 0, "ci_low": 0, "ci_high": 0} for t in tasks]
         y = np.array([v["success_rate"] for v in vals])
         err = np.array([[v["success_rate"] - v["ci_low"] for v in vals], [v["ci_high"] - v["success_rate"] for v in vals]])
+        err = np.maximum(err, 0.0)  # wilson_interval can round ci_high to just below 1.0 at 6/6 successes
         ax.bar(x + (k - (len(series) - 1) / 2) * w, y, w, yerr=err, capsize=2, label=label)
     ax.set_xticks(x, tasks, rotation=30, ha="right")
     ax.set_ylim(0, 1.05)

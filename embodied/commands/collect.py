@@ -10,16 +10,19 @@ actions but records the clean ones, so the data shows how to recover from mistak
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from embodied.app import hydra_command, run_dir
+from embodied.distributed import RayOptions, ray_options
 from embodied.evaluate import write_json
 from embodied.registry import make_env, resolve_tasks
 
@@ -43,6 +46,11 @@ class CollectConfig:
     only_success: bool = True  # drop failed expert episodes
     max_attempts_factor: float = 2.0  # give up on a task after factor * episodes attempts
     progress: bool = True
+    runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
+    ray_address: str = ""  # runner=ray: "" starts Ray here; "auto" or HOST:PORT joins a running cluster
+    ray_num_cpus: int = 0  # runner=ray, local instance: CPUs (0: all)
+    ray_shard_episodes: int = 0  # runner=ray: episodes per shard (0: about two shards per worker)
+    ray_retries: int = 2  # runner=ray: retries of a shard whose worker died
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -53,6 +61,7 @@ class CollectConfig:
             raise ValueError(f"action_noise must be in [0, 1], got {self.action_noise}")
         if self.max_attempts_factor < 1.0:
             raise ValueError(f"max_attempts_factor must be >= 1, got {self.max_attempts_factor}")
+        ray_options(self)
 
 
 def env_kwargs(obs_mode: str, image_size: int, cameras: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -73,14 +82,80 @@ def reward_term_names(tasks: list[str]) -> list[str]:
     return sorted(names)
 
 
+class _Held:
+    """Stands in for a Dataset in ``EpisodeRecorder``: keeps the finished episode in memory."""
+
+    def __init__(self, features: dict[str, dict[str, Any]]):
+        self.features = features
+        self.episode: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None
+
+    def append(self, episode: dict[str, np.ndarray], **meta: Any) -> int:
+        self.episode = (episode, meta)
+        return 0
+
+
+def expert_episodes(env: Any, task: str, seeds: Iterable[int], features: dict[str, dict[str, Any]],
+                    terms: list[str], action_noise: float = 0.0
+                    ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
+    """Play the scripted expert once per seed, in order; yield each episode's (arrays, meta).
+
+    ``arrays``: feature -> (T, ...) per ``features`` (a dataset's); ``meta``: task, seed,
+    instruction, instruction_split, params, success -- what ``Dataset.append`` takes. The
+    executed actions' noise comes from a generator seeded by the episode seed (a stream
+    apart from the env's), so an episode depends only on (task, seed, action_noise) and a
+    Ray worker replays it exactly.
+    """
+    from embodied.data import EpisodeRecorder
+
+    held = _Held(features)
+    rec = EpisodeRecorder(held)  # type: ignore[arg-type]
+    u = env.unwrapped
+    for ep_seed in seeds:
+        rng = np.random.default_rng([ep_seed, 1])
+        obs, reset_info = env.reset(seed=ep_seed)
+        rec.start(task=task, seed=ep_seed, instruction=obs["instruction"], instruction_split="train",
+                  params=reset_info.get("params", {}))
+        while True:
+            action = u.expert_action()
+            executed = action
+            if action_noise > 0:
+                executed = np.clip(action + rng.normal(0, action_noise, action.shape), -1, 1).astype(np.float32)
+            nobs, rew, term, trunc, step_info = env.step(executed)
+            step_info = dict(step_info, reward_terms={n: step_info["reward_terms"].get(n, 0.0) for n in terms})
+            rec.add(obs, action, rew, step_info)
+            obs = nobs
+            if term or trunc:
+                break
+        rec.finish(success=bool(step_info["success"]))
+        yield held.episode  # type: ignore[misc]
+
+
+def expert_shard(task: str, seeds: tuple[int, ...], kw: dict[str, Any], features: dict[str, dict[str, Any]],
+                 terms: list[str], action_noise: float, only_success: bool
+                 ) -> list[tuple[dict[str, np.ndarray] | None, dict[str, Any]]]:
+    """A Ray worker's part of ``collect(runner="ray")``: the episodes of ``seeds`` (no arrays for dropped failures)."""
+    import sim  # noqa: F401  (chooses the headless GL backend before MuJoCo loads)
+
+    env = make_env(task, **kw)
+    try:
+        return [(None if only_success and not meta["success"] else arrays, meta)
+                for arrays, meta in expert_episodes(env, task, seeds, features, terms, action_noise)]
+    finally:
+        env.close()
+
+
 def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "state", image_size: int = 64,
             cameras: list[str] | tuple[str, ...] = (), seed: int = 0, action_noise: float = 0.0,
             only_success: bool = True, max_attempts_factor: float = 2.0, progress: bool = True,
-            suite: str = "") -> dict[str, Any]:
-    """Fill ``out`` with ``episodes`` expert episodes per task (resuming); return a summary."""
+            suite: str = "", runner: str = "local", ray_options: RayOptions | None = None) -> dict[str, Any]:
+    """Fill ``out`` with ``episodes`` expert episodes per task (resuming); return a summary.
+
+    ``runner="ray"`` plays the episodes on Ray workers (``ray_options``) and appends them
+    here in the same order, so the dataset is the one the local runner writes.
+    """
     from tqdm.auto import tqdm
 
-    from embodied.data import Dataset, EpisodeRecorder, features_for
+    from embodied.data import Dataset, features_for
 
     kw = env_kwargs(obs_mode, image_size, cameras)
     probe = make_env(tasks[0], **kw)
@@ -93,57 +168,57 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
     ds = Dataset.create(out, features, info, exist_ok=True)
     have = Counter(m.get("task") for m in ds.episodes_meta)
     todo = {t: max(0, episodes - have[t]) for t in tasks}
+    first_seed = {}
+    for ti, task in enumerate(tasks):
+        base = seed + ti * 1_000_000
+        used = [m["seed"] - base for m in ds.episodes_meta if m.get("task") == task and m.get("seed") is not None]
+        first_seed[task] = base + (max(used) + 1 if used else 0)  # resume with fresh seeds
     t0 = time.time()
     summary: dict[str, Any] = {}
     bar = tqdm(total=sum(todo.values()), desc="collect", unit="ep", disable=not progress)
-    rec = EpisodeRecorder(ds)
-    try:
-        for ti, task in enumerate(tasks):
-            env = make_env(task, **kw)
-            u = env.unwrapped
-            rng = np.random.default_rng(seed + ti)
-            ok = fail = 0
-            base = seed + ti * 1_000_000
-            used = [m["seed"] - base for m in ds.episodes_meta if m.get("task") == task and m.get("seed") is not None]
-            k = max(used) + 1 if used else 0  # resume with fresh seeds
-            while ok < todo[task] and ok + fail < max_attempts_factor * todo[task] + 5:
-                ep_seed = seed + ti * 1_000_000 + k
-                k += 1
-                obs, reset_info = env.reset(seed=ep_seed)
-                rec.start(task=task, seed=ep_seed, instruction=obs["instruction"], instruction_split="train",
-                          params=reset_info.get("params", {}))
-                while True:
-                    action = u.expert_action()
-                    executed = action
-                    if action_noise > 0:
-                        executed = np.clip(action + rng.normal(0, action_noise, action.shape), -1, 1).astype(np.float32)
-                    nobs, rew, term, trunc, step_info = env.step(executed)
-                    step_info = dict(step_info, reward_terms={n: step_info["reward_terms"].get(n, 0.0) for n in terms})
-                    rec.add(obs, action, rew, step_info)
-                    obs = nobs
-                    if term or trunc:
-                        break
-                success = bool(step_info["success"])
-                if only_success and not success:
-                    rec.discard()
-                    fail += 1
-                    continue
-                rec.finish(success=success)
-                ok += 1
-                bar.update(1)
-            env.close()
-            summary[task] = {"recorded": ok, "failed_discarded": fail, "total": have[task] + ok}
-            if ok < todo[task]:
-                log.warning("task %s: only %d of %d episodes recorded (expert failed %d times)", task, ok, todo[task], fail)
-    except KeyboardInterrupt:
-        if rec.recording:
-            rec.discard()
-        log.warning("interrupted: %d complete episodes are safe in %s", len(ds), out)
-        raise
-    finally:
-        bar.close()
+    retried: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        shards = None
+        if runner == "ray" and any(todo.values()):
+            from embodied.distributed import ordered_shards
+
+            shards = stack.enter_context(ordered_shards(
+                expert_shard, (kw, ds.features, terms, action_noise, only_success),
+                {t: (first_seed[t], todo[t]) for t in tasks}, ray_options or RayOptions()))
+            retried = shards.runner.retried
+        try:
+            for task in tasks:
+                env = make_env(task, **kw) if shards is None else None
+                stream = (shards.stream(task) if shards is not None else
+                          expert_episodes(env, task, itertools.count(first_seed[task]), ds.features, terms, action_noise))
+                ok = fail = 0
+                try:
+                    while ok < todo[task] and ok + fail < max_attempts_factor * todo[task] + 5:
+                        arrays, meta = next(stream)
+                        if only_success and not meta["success"]:
+                            fail += 1
+                            continue
+                        ds.append(arrays, **meta)
+                        ok += 1
+                        bar.update(1)
+                finally:
+                    stream.close()
+                    if env is not None:
+                        env.close()
+                    if shards is not None:
+                        shards.drop(task)
+                summary[task] = {"recorded": ok, "failed_discarded": fail, "total": have[task] + ok}
+                if ok < todo[task]:
+                    log.warning("task %s: only %d of %d episodes recorded (expert failed %d times)", task, ok,
+                                todo[task], fail)
+        except KeyboardInterrupt:
+            log.warning("interrupted: %d complete episodes are safe in %s", len(ds), out)
+            raise
+        finally:
+            bar.close()
+    extra = {"runner": "ray", "retried_shards": retried} if runner == "ray" else {}
     return {"dataset": str(Path(out).resolve()), "episodes": len(ds), "per_task": summary,
-            "wall_time_s": time.time() - t0}
+            "wall_time_s": time.time() - t0, **extra}
 
 
 @hydra_command("collect", CollectConfig)
@@ -151,7 +226,8 @@ def main(cfg: CollectConfig) -> dict[str, Any]:
     tasks = resolve_tasks(cfg.suite, cfg.tasks)
     out = cfg.out or f"data/{cfg.suite if not cfg.tasks else '-'.join(cfg.tasks)}-{cfg.obs_mode}"
     metrics = collect(tasks, out, cfg.episodes, cfg.obs_mode, cfg.image_size, cfg.cameras, cfg.seed,
-                      cfg.action_noise, cfg.only_success, cfg.max_attempts_factor, cfg.progress, cfg.suite)
+                      cfg.action_noise, cfg.only_success, cfg.max_attempts_factor, cfg.progress, cfg.suite,
+                      cfg.runner, ray_options(cfg))
     write_json(run_dir() / "metrics.json", metrics)
     log.info("dataset %s: %d episodes (%s)", metrics["dataset"], metrics["episodes"],
              ", ".join(f"{t}: {v['total']}" for t, v in metrics["per_task"].items()))
