@@ -1,0 +1,182 @@
+"""Contract and behaviour tests of the Meta-World v3 adapter (sim/metaworld)."""
+
+import sim  # noqa: F401  (configures headless GL before mujoco is imported)
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("metaworld")
+
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+from embodied.errors import InvalidActionError  # noqa: E402
+from embodied.registry import get_suite, get_task, list_tasks, make_env  # noqa: E402
+from sim.base import INSTRUCTION_CHARSET  # noqa: E402
+from sim.metaworld.instructions import INSTRUCTIONS  # noqa: E402
+from sim.metaworld.tasks import ALL_TASKS, MT10, MT50  # noqa: E402
+
+
+def test_static_lists_match_the_package():
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS, MT10_V3, MT50_V3
+    from metaworld.policies import ENV_POLICY_MAP
+
+    assert list(ALL_TASKS) == list(ALL_V3_ENVIRONMENTS)
+    assert list(MT10) == list(MT10_V3)
+    assert list(MT50) == list(MT50_V3)
+    assert set(ENV_POLICY_MAP) == set(ALL_TASKS)
+
+
+def test_registry_has_tasks_and_suites():
+    assert len(ALL_TASKS) == 50
+    assert set(ALL_TASKS) <= set(list_tasks())
+    assert get_suite("metaworld-mt10").tasks == MT10
+    assert get_suite("metaworld-mt50").tasks == MT50
+    for t in ALL_TASKS:
+        spec = get_task(t)
+        assert spec.suite == "metaworld" and spec.max_episode_steps == 200
+
+
+def test_registration_does_not_import_metaworld():
+    code = ("import sys, sim.metaworld; from embodied.registry import get_suite;"
+            "get_suite('metaworld-mt50'); assert 'metaworld' not in sys.modules, 'imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("task", ALL_TASKS)
+def test_instruction_split(task):
+    train, heldout = INSTRUCTIONS[task]
+    assert len(set(train)) >= 5 and len(set(heldout)) >= 3
+    assert not set(train) & set(heldout)
+    assert all(set(s) <= set(INSTRUCTION_CHARSET) and len(s) <= 256 for s in train + heldout)
+    spec = get_task(task)
+    assert spec.train_instructions == train and spec.heldout_instructions == heldout
+
+
+@pytest.mark.parametrize("task", ALL_TASKS)
+def test_contract_every_task(task):
+    env = make_env(task)
+    u = env.unwrapped
+    obs, info = env.reset(seed=3)
+    assert obs["state"].dtype == np.float32 and obs["state"].shape == (39,) and np.isfinite(obs["state"]).all()
+    assert obs["instruction"] in INSTRUCTIONS[task][0] and not info["success"]
+    assert u.observation_spec.state_dim == 39 and u.action_spec.dim == 4 and u.max_episode_steps == 200
+    for _ in range(5):
+        a = u.expert_action()
+        assert a.shape == (4,) and a.dtype == np.float32 and np.all(np.abs(a) <= 1.0)
+        obs, reward, term, trunc, info = env.step(a)
+        assert 0.0 <= reward <= 1.0 and np.isfinite(obs["state"]).all()
+        assert isinstance(info["success"], bool) and term == info["success"]
+    env.close()
+
+
+def test_heldout_env_uses_heldout_wording():
+    env = make_env("door-open-v3", instruction_split="heldout")
+    seen = {env.reset(seed=s)[0]["instruction"] for s in range(10)}
+    assert seen <= set(INSTRUCTIONS["door-open-v3"][1]) and len(seen) > 1
+
+
+@pytest.mark.parametrize("task", ["reach-v3", "pick-place-v3"])
+def test_check_env_state(task):
+    env = make_env(task)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=0)
+    assert obs["state"].shape == (39,) and obs["state"].dtype == np.float32
+    assert isinstance(obs["instruction"], str) and not info["success"]
+    env.close()
+
+
+def test_check_env_pixels_and_render():
+    env = make_env("drawer-open-v3", obs_mode="pixels", image_size=32, render_mode="rgb_array", render_size=48)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env)
+    obs, _ = env.reset(seed=1)
+    assert obs["image"].shape == (32, 32, 3) and obs["image"].dtype == np.uint8 and obs["image"].std() > 0
+    assert obs["state"].shape == (4,)
+    frame = env.render()
+    assert frame.shape == (48, 48, 3) and frame.dtype == np.uint8
+    env.close()
+
+
+def test_corner_cameras_are_upright():
+    """Meta-World's corner cameras are rolled upside down; we rotate their frames back. In an
+    upright frame the dark background is at the top and the table fills the bottom."""
+    env = make_env("reach-v3", obs_mode="state+pixels", cameras=["corner", "corner2"], image_size=64)
+    obs, _ = env.reset(seed=0)
+    assert obs["state"].shape == (39,) and obs["image"].shape == (64, 64, 3)
+    for cam, img in obs["images"].items():
+        assert img[:16].mean() + 30 < img[-16:].mean(), cam
+    env.close()
+
+
+@pytest.mark.parametrize("task", ["pick-place-v3", "door-open-v3"])
+def test_reset_is_deterministic(task):
+    a_env, b_env = make_env(task), make_env(task)
+    rng = np.random.default_rng(0)
+    a_env.reset(seed=1)
+    for _ in range(10):  # a different history must not matter
+        a_env.step(rng.uniform(-1, 1, 4).astype(np.float32))
+    a, ia = a_env.reset(seed=7)
+    b, ib = b_env.reset(seed=7)
+    np.testing.assert_array_equal(a["state"], b["state"])
+    assert a["instruction"] == b["instruction"] and ia["params"] == ib["params"]
+    for _ in range(10):
+        sa = a_env.step(a_env.unwrapped.expert_action())[0]["state"]
+        sb = b_env.step(b_env.unwrapped.expert_action())[0]["state"]
+    np.testing.assert_array_equal(sa, sb)
+    c, _ = b_env.reset(seed=8)
+    assert not np.array_equal(a["state"][36:], c["state"][36:])  # another goal
+
+
+@pytest.mark.parametrize("task", ["reach-v3", "button-press-topdown-v3", "drawer-close-v3"])
+def test_expert_succeeds(task):
+    env = make_env(task)
+    for seed in range(3):
+        env.reset(seed=seed)
+        for _ in range(env.unwrapped.max_episode_steps):
+            _, reward, term, trunc, info = env.step(env.unwrapped.expert_action())
+            assert 0.0 <= reward <= 1.0 and set(info["reward_terms"]) == {"metaworld"}
+            assert reward == info["reward_terms"]["metaworld"]
+            if term or trunc:
+                break
+        assert term and info["success"], f"{task} seed {seed}: expert failed"
+
+
+def test_truncation_and_stepping_past_metaworld_limit():
+    env = make_env("reach-v3", max_episode_steps=3)
+    env.reset(seed=0)
+    truncs = [env.step(np.zeros(4, np.float32))[3] for _ in range(5)]
+    assert truncs == [False, False, True, True, True]
+    env = make_env("reach-v3", max_episode_steps=600)
+    env.reset(seed=0)
+    for _ in range(510):  # Meta-World alone raises after 500 steps
+        trunc = env.step(np.zeros(4, np.float32))[3]
+    assert not trunc
+
+
+def test_bad_input_rejected():
+    env = make_env("reach-v3")
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError):
+        env.step(np.zeros(3, np.float32))
+    with pytest.raises(InvalidActionError):
+        env.step(np.array([np.nan, 0, 0, 0], np.float32))
+    with pytest.raises(ValueError, match="camera"):
+        make_env("reach-v3", obs_mode="pixels", cameras=["nope"])
+    with pytest.raises(ValueError, match="obs_mode"):
+        make_env("reach-v3", obs_mode="depth")
+
+
+def test_rollout_with_expert():
+    from embodied.rollout import run_episodes
+
+    res = run_episodes(lambda: make_env("reach-v3", max_episode_steps=100), seeds=[0, 1, 2], policy="expert",
+                       num_envs=2)
+    assert [r.seed for r in res] == [0, 1, 2] and all(r.success for r in res)
