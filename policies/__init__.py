@@ -1,0 +1,88 @@
+"""Policies: language-conditioned flow-matching and diffusion policies over action chunks,
+plus an MLP behaviour-cloning baseline.
+
+Families are looked up by name and imported lazily (``"module:Class"`` entry points, as in
+gymnasium's registry); each lives in its own folder with ``config.py`` and ``model.py``.
+
+    policy = make_policy("flow", {"horizon": 16}, obs_spec, action_spec, stats, task_names)
+    chunk = policy.predict_chunk(obs_batch, noise)        # (B, H, Da) float32 in [-1, 1]
+    policy.save("ckpt"); policy = load_policy("ckpt")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from embodied.errors import UnknownNameError
+from embodied.specs import ActionSpec, ObservationSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from policies.common.base import TorchPolicy
+
+#: name -> "module:Class" of the policy (a ``TorchPolicy`` subclass).
+POLICIES: dict[str, str] = {
+    "flow": "policies.flow.model:FlowPolicy",
+    "diffusion": "policies.diffusion.model:DiffusionPolicy",
+    "mlp": "policies.mlp.model:MLPPolicy",
+}
+#: name -> "module:Class" of its config dataclass (importable without building a network).
+POLICY_CONFIGS: dict[str, str] = {
+    "flow": "policies.flow.config:FlowConfig",
+    "diffusion": "policies.diffusion.config:DiffusionConfig",
+    "mlp": "policies.mlp.config:MLPConfig",
+}
+
+
+def _resolve(table: dict[str, str], name: str) -> Any:
+    if name not in table:
+        raise UnknownNameError("policy", str(name), list(table))
+    module, _, attr = table[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def policy_class(name: str) -> type["TorchPolicy"]:
+    """The policy class registered as ``name`` (UnknownNameError on a typo)."""
+    return _resolve(POLICIES, name)
+
+
+def config_class(name: str) -> type:
+    """The config dataclass of policy ``name`` (for Hydra's ConfigStore)."""
+    return _resolve(POLICY_CONFIGS, name)
+
+
+def make_config(name: str, cfg: Mapping[str, Any] | Any = None) -> Any:
+    """A validated config of policy ``name`` from a dict / DictConfig / dataclass / None."""
+    from policies.common.config import config_from_dict
+
+    return config_from_dict(config_class(name), cfg)
+
+
+def make_policy(name: str, cfg: Mapping[str, Any] | Any, obs_spec: ObservationSpec, action_spec: ActionSpec,
+                stats: Mapping[str, Mapping[str, Any]] | None, task_names: Sequence[str] | None = None,
+                device: "str | torch.device" = "auto") -> "TorchPolicy":
+    """Build a fresh policy of family ``name``.
+
+    Args:
+        name: ``"flow"``, ``"diffusion"`` or ``"mlp"``.
+        cfg: config overrides (dict / DictConfig) or a config dataclass; a ``name`` key is ignored.
+        obs_spec, action_spec: the task's specs.
+        stats: dataset statistics ``{"state": {"mean", "std", ...}, "action": {"min", "max", ...}}``.
+        task_names: the training tasks (one-hot vocabulary; recorded in the checkpoint).
+        device: ``"auto"`` (cuda if available), ``"cpu"``, ...
+    """
+    cls = policy_class(name)
+    return cls(make_config(name, cfg), obs_spec, action_spec, stats=stats, task_names=task_names, device=device)
+
+
+def load_policy(path: str, device: "str | torch.device" = "auto", obs_spec: ObservationSpec | None = None,
+                action_spec: ActionSpec | None = None, tasks: Sequence[str] | None = None) -> "TorchPolicy":
+    """Load a checkpoint directory written by ``policy.save`` (see ``common/checkpoint.py``)."""
+    from policies.common.checkpoint import load_policy as _load
+
+    return _load(path, device=device, obs_spec=obs_spec, action_spec=action_spec, tasks=tasks)
+
+
+__all__ = ["POLICIES", "POLICY_CONFIGS", "config_class", "load_policy", "make_config", "make_policy", "policy_class"]

@@ -1,0 +1,320 @@
+"""TorchPolicy: the torch side of the ``embodied.Policy`` contract, shared by every family.
+
+A policy is normaliser + encoders + a family-specific head, in one ``nn.Module``:
+
+    obs (B, To, ...) --ObsEncoder--> obs features (B, obs_dim) --+
+    instruction --frozen TextEmbedder--> (B, 384) --Linear-----> (B, text_dim) --+--> cond (B, C)
+    cond (+ noise) --head (flow / diffusion / MLP)--> chunk (B, H, Da) in [-1, 1] (normalised)
+
+A family subclasses ``TorchPolicy`` and supplies three methods: ``build_head(cond_dim)``,
+``head_loss(model, cond, action)`` and ``sample(model, cond, noise)``. The trainable parts
+are ``self.model`` (an ``nn.ModuleDict`` with ``obs``, ``text``, ``head``); ``self.ema``
+holds their moving average, which inference uses when present.
+
+Training loop (written by the caller)::
+
+    opt = policy.make_optimizer(); sched = policy.make_scheduler(opt, total_steps)
+    for batch in loader:
+        loss, logs = policy.compute_loss(batch)
+        opt.zero_grad(); loss.backward(); opt.step(); sched.step(); policy.ema_update()
+    policy.save(run_dir / "checkpoint")
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from embodied.errors import SpecMismatchError
+from embodied.policy import Observation, Policy
+from embodied.specs import ActionSpec, ObservationSpec
+from policies.common.config import PolicyConfig
+from policies.common.ema import EMA
+from policies.common.encoders import ObsEncoder
+from policies.common.normalize import Normalizer
+from policies.common.text import make_text_embedder
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` -> cuda when available, else cpu."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _as_tensor(value: Any, what: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    raise TypeError(f"{what} must be a numpy array or torch tensor, got {type(value).__name__}")
+
+
+def _check_shape(t: torch.Tensor, what: str, expected: tuple[int | None, ...], names: str) -> None:
+    ok = t.ndim == len(expected) and all(e is None or e == s for e, s in zip(expected, t.shape))
+    if not ok:
+        want = ", ".join(n if e is None else f"{n}={e}" for n, e in zip(names.split(","), expected))
+        raise ValueError(f"{what} must have shape ({want}), got {tuple(t.shape)}")
+
+
+def _str_list(value: Any, what: str, batch: int) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, np.ndarray)):
+        raise TypeError(f"{what} must be a list of {batch} str (one per batch row), got {type(value).__name__}")
+    out = [str(v) for v in value]
+    if len(out) != batch:
+        raise ValueError(f"{what} has {len(out)} entries, the batch has {batch} rows")
+    return out
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """Mean squared error over (B, H, Da), counting only entries with weight 1."""
+    if weight is None:
+        return torch.nn.functional.mse_loss(pred, target)
+    w = weight.expand_as(pred)
+    return ((pred - target) ** 2 * w).sum() / w.sum().clamp_min(1.0)
+
+
+class TorchPolicy(Policy, nn.Module):
+    """Base of flow, diffusion and MLP policies.
+
+    Args:
+        config: the family's config dataclass.
+        obs_spec, action_spec: what the task observes and accepts.
+        stats: dataset statistics for the normaliser (see ``Normalizer``); ``None`` when the
+            buffers come from a checkpoint.
+        task_names: task vocabulary (required by ``text_encoder="onehot"``; recorded in the
+            checkpoint in every case).
+        device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda:0"``, ...
+    """
+
+    name: ClassVar[str] = ""
+    config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+    generative: ClassVar[bool] = True  # False: the chunk does not depend on the noise
+
+    def __init__(self, config: PolicyConfig, obs_spec: ObservationSpec, action_spec: ActionSpec,
+                 stats: Mapping[str, Mapping[str, Any]] | None = None, task_names: Sequence[str] | None = None,
+                 device: str | torch.device = "auto") -> None:
+        nn.Module.__init__(self)
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        if not isinstance(obs_spec, ObservationSpec) or not isinstance(action_spec, ActionSpec):
+            raise TypeError("obs_spec must be an ObservationSpec and action_spec an ActionSpec")
+        if config.obs_mode == "pixels" and (not obs_spec.cameras or obs_spec.image_size <= 0):
+            raise SpecMismatchError(f"obs_mode='pixels' needs cameras in the observation spec, got {obs_spec}")
+        self.config = dataclasses.replace(config)  # a private copy: inference settings may change
+        self.n_obs_steps, self.horizon, self.n_action_steps = config.n_obs_steps, config.horizon, config.n_action_steps
+        Policy.__init__(self)
+        self.obs_spec, self.action_spec = obs_spec, action_spec
+        self.task_names = [str(t) for t in task_names] if task_names else []
+        self.cameras = tuple(obs_spec.cameras) if config.obs_mode == "pixels" else ()
+        self.text = make_text_embedder(config.text_encoder, self.task_names, config.openclip_model,
+                                       config.openclip_checkpoint)
+        self.normalizer = Normalizer(stats, obs_spec.state_dim, action_spec)
+        obs = ObsEncoder(obs_spec.state_dim, config.n_obs_steps, config.state_hidden, config.obs_dim,
+                         config.state_layers, config.text_dim if config.text_film else 0, len(self.cameras),
+                         config.image_keypoints, config.crop_pad)
+        text = nn.Sequential(nn.Linear(self.text.dim, config.text_dim), nn.Mish())
+        self.model = nn.ModuleDict({"obs": obs, "text": text,
+                                    "head": self.build_head(config.obs_dim + config.text_dim)})
+        self.ema = EMA(self.model, config.ema_power, config.ema_max_decay) if config.ema else None
+        self._generator = torch.Generator().manual_seed(config.seed)
+        self._act_task: str | None = None
+        self.to(resolve_device(device))
+
+    # ---- family hooks -------------------------------------------------------------------
+    @abc.abstractmethod
+    def build_head(self, cond_dim: int) -> nn.Module:
+        """The family's network, conditioned on (B, cond_dim) features."""
+
+    @abc.abstractmethod
+    def head_loss(self, model: nn.ModuleDict, cond: torch.Tensor, action: torch.Tensor,
+                  weight: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Training loss for normalised actions (B, H, Da) given cond (B, C).
+
+        ``weight`` (B, H, 1) masks padded actions (None: every action counts); use
+        ``masked_mse``.
+        """
+
+    @abc.abstractmethod
+    def sample(self, model: nn.ModuleDict, cond: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Normalised chunk (B, H, Da) from cond (B, C) and initial noise (B, H, Da)."""
+
+    # ---- properties ---------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.normalizer.state_mean.device
+
+    @property
+    def noise_shape(self) -> tuple[int, int]:
+        """(H, Da): the shape of one sample's initial noise."""
+        return (self.horizon, self.action_spec.dim)
+
+    @property
+    def inference_model(self) -> nn.ModuleDict:
+        """The EMA weights when EMA is on, else the trained weights."""
+        return self.ema.averaged if self.ema is not None else self.model
+
+    # ---- inputs -------------------------------------------------------------------------
+    def _read_obs(self, batch: Mapping[str, Any], what: str) -> dict[str, Any]:
+        """Validate ``state``/``image(s)``/``instruction``/``task`` and move them to the device."""
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"{what} must be a dict, got {type(batch).__name__}")
+        if "state" not in batch:
+            raise ValueError(f"{what} has no 'state' (B, To, Ds); keys: {sorted(batch)}")
+        state = _as_tensor(batch["state"], f"{what}['state']")
+        _check_shape(state, f"{what}['state']", (None, self.n_obs_steps, self.obs_spec.state_dim), "B,To,Ds")
+        b = state.shape[0]
+        images = [self._read_image(batch, cam, b, what) for cam in self.cameras] or None
+        if "instruction" not in batch:
+            raise ValueError(f"{what} has no 'instruction' (list of B str); keys: {sorted(batch)}")
+        tasks = batch.get("task")
+        if tasks is None and self._act_task is not None and b == 1:
+            tasks = [self._act_task]
+        return {"state": state.to(self.device, torch.float32), "images": images,
+                "instruction": _str_list(batch["instruction"], f"{what}['instruction']", b),
+                "task": None if tasks is None else _str_list(tasks, f"{what}['task']", b)}
+
+    def _read_image(self, batch: Mapping[str, Any], camera: str, b: int, what: str) -> torch.Tensor:
+        if len(self.cameras) == 1 and "image" in batch:
+            value, key = batch["image"], f"{what}['image']"
+        elif isinstance(batch.get("images"), Mapping) and camera in batch["images"]:
+            value, key = batch["images"][camera], f"{what}['images'][{camera!r}]"
+        else:
+            raise ValueError(f"{what} has no image for camera {camera!r} (pixel policy; keys: {sorted(batch)})")
+        img = _as_tensor(value, key)
+        s = self.obs_spec.image_size
+        _check_shape(img, key, (b, self.n_obs_steps, s, s, 3), "B,To,H,W,C")
+        if img.dtype != torch.uint8:
+            raise TypeError(f"{key} must be uint8 (0..255), got {img.dtype}")
+        return img.to(self.device)
+
+    def _read_noise(self, noise: Any, b: int) -> torch.Tensor:
+        if noise is None:
+            return torch.randn((b, *self.noise_shape), generator=self._generator).to(self.device)
+        t = _as_tensor(noise, "noise")
+        _check_shape(t, "noise", (b, *self.noise_shape), "B,H,Da")
+        t = t.to(self.device, torch.float32)
+        if not torch.isfinite(t).all():
+            raise ValueError("noise has non-finite values")
+        return t
+
+    def _encode(self, model: nn.ModuleDict, obs: dict[str, Any]) -> torch.Tensor:
+        text = model["text"](self.text.embed(obs["instruction"], obs["task"]).to(self.device))
+        feats = model["obs"](self.normalizer.normalize_state(obs["state"]), obs["images"], text)
+        return torch.cat([feats, text], dim=-1)
+
+    # ---- public API ---------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_obs(self, obs_batch: Mapping[str, Any]) -> torch.Tensor:
+        """Conditioning features (B, C) of the inference weights for an observation batch."""
+        model = self.inference_model
+        was_training = model.training
+        model.eval()
+        try:
+            return self._encode(model, self._read_obs(obs_batch, "obs_batch"))
+        finally:
+            model.train(was_training)
+
+    @torch.no_grad()
+    def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | torch.Tensor | None = None) -> np.ndarray:
+        """Predict (B, H, Da) float32 actions in the spec's bounds ([-1, 1]).
+
+        Args:
+            obs_batch: ``state`` (B, To, Ds) float32; ``image`` (B, To, S, S, 3) uint8 (or
+                ``images`` {camera: ...}) for pixel policies; ``instruction`` list of B str;
+                ``task`` list of B task names (required by ``text_encoder="onehot"``).
+            noise: initial noise (B, H, Da); ``None`` draws it from the policy's generator
+                (seeded by ``config.seed``). Same observation + same noise -> same chunk.
+        """
+        obs = self._read_obs(obs_batch, "obs_batch")
+        noise_t = self._read_noise(noise, obs["state"].shape[0])
+        model = self.inference_model
+        was_training = model.training
+        model.eval()
+        try:
+            chunk = self.sample(model, self._encode(model, obs), noise_t).clamp(-1.0, 1.0)
+        finally:
+            model.train(was_training)
+        chunk = self.normalizer.unnormalize_action(chunk).clamp(self.action_spec.low, self.action_spec.high)
+        return chunk.float().cpu().numpy()
+
+    def act(self, obs: Observation) -> np.ndarray:
+        """Next action (Da,) from the chunk queue (see ``embodied.Policy.act``).
+
+        ``obs["task"]`` (if present) is passed on to ``predict_chunk`` for this call:
+        ``stack_history`` keeps only state/image/instruction, and one-hot policies need it.
+        """
+        self._act_task = str(obs["task"]) if "task" in obs else None
+        try:
+            return super().act(obs)
+        finally:
+            self._act_task = None
+
+    def compute_loss(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Training loss on a batch; returns (scalar loss with grad, logs of floats).
+
+        Args:
+            batch: the ``predict_chunk`` observation keys plus ``action`` (B, H, Da) float32
+                in env units and optionally ``action_is_pad`` (B, H) bool, True where the
+                chunk runs past the episode end (left out of the loss when
+                ``config.mask_padding``; see ``embodied.data.sample_windows``).
+        """
+        obs = self._read_obs(batch, "batch")
+        if "action" not in batch:
+            raise ValueError(f"batch has no 'action' (B, H, Da); keys: {sorted(batch)}")
+        action = _as_tensor(batch["action"], "batch['action']")
+        _check_shape(action, "batch['action']", (obs["state"].shape[0], *self.noise_shape), "B,H,Da")
+        action = self.normalizer.normalize_action(action.to(self.device, torch.float32))
+        weight = self._loss_weight(batch, action)
+        loss, logs = self.head_loss(self.model, self._encode(self.model, obs), action, weight)
+        return loss, {"loss": float(loss.detach()), **logs}
+
+    def _loss_weight(self, batch: Mapping[str, Any], action: torch.Tensor) -> torch.Tensor | None:
+        """(B, H, 1) weights that drop padded actions from the loss (``mask_padding``)."""
+        if not self.config.mask_padding or batch.get("action_is_pad") is None:
+            return None
+        pad = _as_tensor(batch["action_is_pad"], "batch['action_is_pad']")
+        _check_shape(pad, "batch['action_is_pad']", tuple(action.shape[:2]), "B,H")
+        return (~pad.to(self.device, torch.bool)).float().unsqueeze(-1)
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the trainable weights (not the EMA copy nor the normaliser)."""
+        c = self.config
+        return torch.optim.AdamW(self.model.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+        """Linear warm-up over ``config.warmup_steps`` then cosine decay to 0 at ``total_steps``."""
+        if total_steps < 1:
+            raise ValueError(f"total_steps={total_steps} is not allowed: must be >= 1")
+        warmup = min(self.config.warmup_steps, total_steps // 2)
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+    def ema_update(self) -> float | None:
+        """Update the EMA weights after an optimiser step; returns the decay (None if off)."""
+        return None if self.ema is None else self.ema.update(self.model)
+
+    def check_spec(self, obs_spec: ObservationSpec, action_spec: ActionSpec,
+                   tasks: Sequence[str] | None = None) -> None:
+        """Raise SpecMismatchError if this policy cannot run on a task with these specs."""
+        from policies.common.checkpoint import check_spec
+
+        check_spec(self, obs_spec, action_spec, tasks)
+
+    def save(self, path: str) -> None:
+        """Write ``model.safetensors`` + ``config.json`` into directory ``path``."""
+        from policies.common.checkpoint import save_policy
+
+        save_policy(self, path)

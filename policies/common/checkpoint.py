@@ -1,0 +1,123 @@
+"""Policy checkpoints: a directory with ``model.safetensors`` and ``config.json``.
+
+``model.safetensors`` holds every tensor of the policy module: the trained weights
+(``model.*``), the EMA weights (``ema.averaged.*``, ``ema.step``) and the normaliser
+buffers (``normalizer.*``), so a checkpoint needs no dataset to run. ``config.json``
+holds the format version, the policy name, the resolved config, the observation and
+action specs, the task names and the text encoder (whose frozen weights are not copied:
+MiniLM comes from its package, open_clip from ``openclip_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from embodied.errors import SpecMismatchError
+from embodied.specs import ActionSpec, ObservationSpec, check_compatible
+
+if TYPE_CHECKING:
+    from policies.common.base import TorchPolicy
+
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def save_policy(policy: "TorchPolicy", path: str | Path) -> Path:
+    """Write the checkpoint directory ``path`` (created if needed); returns it."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "policy": policy.name,
+        "config": dataclasses.asdict(policy.config),
+        "obs_spec": policy.obs_spec.to_dict(),
+        "action_spec": policy.action_spec.to_dict(),
+        "task_names": list(policy.task_names),
+        "text_encoder": policy.text.describe(),
+    }
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION), "policy": policy.name})
+    (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of a checkpoint directory, with its format checked."""
+    d = Path(path)
+    if not d.is_dir():
+        raise FileNotFoundError(f"policy checkpoint {str(d)!r} is not a directory (expected {CONFIG_FILE} "
+                                f"and {WEIGHTS_FILE} inside)")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"policy checkpoint {str(d)!r} has no {name}")
+    try:
+        meta = json.loads((d / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{d / CONFIG_FILE} is not valid JSON: {e}") from None
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{d / CONFIG_FILE}: checkpoint format_version={version!r}, this code reads "
+                         f"version {FORMAT_VERSION}")
+    missing = [k for k in ("policy", "config", "obs_spec", "action_spec") if k not in meta]
+    if missing:
+        raise ValueError(f"{d / CONFIG_FILE} lacks {missing}")
+    return meta
+
+
+def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec: ObservationSpec | None = None,
+                action_spec: ActionSpec | None = None, tasks: Sequence[str] | None = None) -> "TorchPolicy":
+    """Load a saved policy in eval mode; optionally check it against a task's specs.
+
+    Args:
+        path: checkpoint directory written by ``policy.save``.
+        device: ``"auto"`` (cuda if available), ``"cpu"``, ...
+        obs_spec, action_spec, tasks: when given, ``check_spec`` runs before returning and
+            raises SpecMismatchError if the checkpoint does not fit.
+    """
+    from safetensors.torch import load_file
+
+    from policies import policy_class
+    from policies.common.base import resolve_device
+    from policies.common.config import config_from_dict
+
+    meta = read_checkpoint_config(path)
+    cls = policy_class(meta["policy"])
+    config = config_from_dict(cls.config_class, meta["config"])
+    dev = resolve_device(device)
+    policy = cls(config, ObservationSpec.from_dict(meta["obs_spec"]), ActionSpec.from_dict(meta["action_spec"]),
+                 stats=None, task_names=meta.get("task_names") or None, device=dev)
+    state = load_file(str(Path(path) / WEIGHTS_FILE), device=str(dev))
+    try:
+        policy.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{Path(path) / WEIGHTS_FILE} does not fit the {meta['policy']!r} policy described by "
+                         f"{CONFIG_FILE}: {e}") from None
+    policy.eval()
+    if obs_spec is not None or action_spec is not None or tasks is not None:
+        check_spec(policy, obs_spec or policy.obs_spec, action_spec or policy.action_spec, tasks)
+    return policy
+
+
+def check_spec(policy: "TorchPolicy", obs_spec: ObservationSpec, action_spec: ActionSpec,
+               tasks: Sequence[str] | None = None) -> None:
+    """Raise SpecMismatchError naming what differs between a policy and a task.
+
+    State size and action size/bounds must match; cameras and image size too for pixel
+    policies. One-hot policies must also know every task in ``tasks``.
+    """
+    pixels = policy.config.obs_mode == "pixels"
+    check_compatible(f"{policy.name} policy's observation spec", policy.obs_spec, obs_spec, check_cameras=pixels)
+    check_compatible(f"{policy.name} policy's action spec", policy.action_spec, action_spec)
+    if tasks is not None and policy.config.text_encoder == "onehot":
+        unknown = [t for t in tasks if t not in policy.task_names]
+        if unknown:
+            raise SpecMismatchError(f"{policy.name} policy (one-hot task ids) was not trained on tasks {unknown}; "
+                                    f"it knows {policy.task_names}")

@@ -1,0 +1,205 @@
+"""Config schema shared by every policy family: typed dataclasses with checked fields.
+
+Each family subclasses one of these in its own ``config.py`` and adds its fields; Hydra
+registers the dataclasses as schemas and YAML only overrides values. Every check names
+the field, the value received and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+OBS_MODES = ("state", "pixels")
+TEXT_ENCODERS = ("minilm", "openclip", "onehot")
+DENOISER_NETS = ("mlp", "unet")
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """Raise ValueError unless ``low <= value (<= high)`` and value is an int."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    ok = ok and (high is None or value <= high)
+    if not ok:
+        allowed = f"an int >= {low}" if high is None else f"an int in {low}..{high}"
+        raise ValueError(f"{name}={value!r} is not allowed: must be {allowed}")
+
+
+def check_float(name: str, value: Any, low: float, high: float | None = None, low_open: bool = False) -> None:
+    """Raise ValueError unless value is a number in [low, high] (or (low, high])."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        lo = f"> {low}" if low_open else f">= {low}"
+        hi = "" if high is None else f" and <= {high}"
+        raise ValueError(f"{name}={value!r} is not allowed: must be a number {lo}{hi}")
+
+
+def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed: must be one of {', '.join(map(repr, allowed))}")
+
+
+@dataclass
+class PolicyConfig:
+    """Fields every policy has.
+
+    Attributes:
+        n_obs_steps: To, observation steps conditioned on (>= 1).
+        horizon: H, actions predicted per chunk (>= n_action_steps).
+        n_action_steps: Ta, actions executed per chunk (>= 1).
+        obs_mode: ``"state"`` (state vector only) or ``"pixels"`` (camera image(s) plus the
+            state vector, which then holds proprioception only).
+        state_hidden: width of the state MLP.
+        state_layers: hidden layers of the state MLP (each FiLM-modulated by the text).
+        obs_dim: size of the observation feature vector.
+        image_keypoints: spatial-softmax keypoints per camera (pixels only).
+        crop_pad: random-shift augmentation in pixels (0 turns it off; pixels only).
+        text_encoder: ``"minilm"`` (frozen all-MiniLM-L6-v2, 384-d, offline), ``"openclip"``
+            (frozen open_clip text tower from ``openclip_checkpoint``) or ``"onehot"``
+            (task id from ``obs["task"]``; no language).
+        text_dim: size of the projected text feature vector.
+        text_film: FiLM-modulate the state MLP with the text features (see ``ObsEncoder``).
+        openclip_model: open_clip architecture name of the checkpoint.
+        openclip_checkpoint: local path of open_clip weights (required for ``openclip``).
+        lr, weight_decay, betas: AdamW settings.
+        warmup_steps: linear warm-up before the cosine decay.
+        mask_padding: leave actions past the episode end (``action_is_pad``) out of the loss.
+        ema: keep an exponential moving average of the weights (used for inference).
+        ema_power, ema_max_decay: EMA schedule, decay = 1 - (1 + step) ** -power.
+        seed: seed of the generator that samples noise when none is given.
+    """
+
+    n_obs_steps: int = 2
+    horizon: int = 16
+    n_action_steps: int = 8
+    obs_mode: str = "state"
+    state_hidden: int = 256
+    state_layers: int = 2
+    obs_dim: int = 128
+    image_keypoints: int = 32
+    crop_pad: int = 4
+    text_encoder: str = "minilm"
+    text_dim: int = 64
+    text_film: bool = True
+    openclip_model: str = "ViT-B-32"
+    openclip_checkpoint: str | None = None
+    lr: float = 1e-3
+    weight_decay: float = 1e-6
+    betas: tuple[float, float] = (0.95, 0.999)
+    warmup_steps: int = 200
+    mask_padding: bool = True
+    ema: bool = True
+    ema_power: float = 0.75
+    ema_max_decay: float = 0.9999
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("n_obs_steps", self.n_obs_steps, 1)
+        check_int("n_action_steps", self.n_action_steps, 1)
+        check_int("horizon", self.horizon, 1)
+        if self.horizon < self.n_action_steps:
+            raise ValueError(f"horizon={self.horizon} is not allowed: must be >= n_action_steps "
+                             f"({self.n_action_steps})")
+        check_choice("obs_mode", self.obs_mode, OBS_MODES)
+        for name in ("state_hidden", "state_layers", "obs_dim", "image_keypoints", "text_dim"):
+            check_int(name, getattr(self, name), 1)
+        check_int("crop_pad", self.crop_pad, 0)
+        check_choice("text_encoder", self.text_encoder, TEXT_ENCODERS)
+        if self.text_encoder == "openclip" and not self.openclip_checkpoint:
+            raise ValueError("openclip_checkpoint=None is not allowed with text_encoder='openclip': give the "
+                             "path of a local open_clip checkpoint (nothing is downloaded), or use "
+                             "text_encoder='minilm'")
+        check_float("lr", self.lr, 0.0, low_open=True)
+        check_float("weight_decay", self.weight_decay, 0.0)
+        self.betas = tuple(self.betas)  # type: ignore[assignment]
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas={self.betas!r} is not allowed: must be two numbers in [0, 1)")
+        check_int("warmup_steps", self.warmup_steps, 0)
+        for name in ("ema", "mask_padding", "text_film"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: must be true or false")
+        check_float("ema_power", self.ema_power, 0.0, low_open=True)
+        check_float("ema_max_decay", self.ema_max_decay, 0.0, 1.0)
+        check_int("seed", self.seed, 0)
+
+
+@dataclass
+class DenoiserConfig(PolicyConfig):
+    """Fields of the noise-conditioned network shared by flow and diffusion policies.
+
+    Attributes:
+        net: ``"mlp"`` (FiLM residual MLP over the flattened chunk; the default, ~10x
+            faster than the U-Net on a CPU at equal success on state tasks) or ``"unet"``
+            (1-D temporal conv U-Net with FiLM, as in Diffusion Policy).
+        hidden: width of the MLP denoiser.
+        n_layers: residual blocks of the MLP denoiser.
+        time_emb_dim: size of the sinusoidal time embedding.
+        down_dims: channels per U-Net level (horizon must divide by 2**(levels-1)).
+        kernel_size: U-Net temporal kernel (odd).
+        n_groups: GroupNorm groups of the U-Net (must divide every entry of down_dims).
+        num_inference_steps: denoising / integration steps at inference; can be changed
+            after loading (``policy.num_inference_steps = 4``).
+    """
+
+    net: str = "mlp"
+    hidden: int = 512
+    n_layers: int = 3
+    time_emb_dim: int = 64
+    down_dims: tuple[int, ...] = (64, 128, 256)
+    kernel_size: int = 5
+    n_groups: int = 8
+    num_inference_steps: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice("net", self.net, DENOISER_NETS)
+        check_int("hidden", self.hidden, 1)
+        check_int("n_layers", self.n_layers, 1)
+        check_int("time_emb_dim", self.time_emb_dim, 2)
+        if self.time_emb_dim % 2:
+            raise ValueError(f"time_emb_dim={self.time_emb_dim} is not allowed: must be even")
+        self.down_dims = tuple(self.down_dims)
+        if not self.down_dims or not all(isinstance(d, int) and d >= 1 for d in self.down_dims):
+            raise ValueError(f"down_dims={self.down_dims!r} is not allowed: must be a non-empty list of ints >= 1")
+        check_int("kernel_size", self.kernel_size, 1)
+        if self.kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size={self.kernel_size} is not allowed: must be odd")
+        check_int("n_groups", self.n_groups, 1)
+        if self.net == "unet":
+            bad = [d for d in self.down_dims if d % self.n_groups]
+            if bad:
+                raise ValueError(f"n_groups={self.n_groups} is not allowed: must divide every entry of "
+                                 f"down_dims={self.down_dims} (not {bad})")
+            factor = 2 ** (len(self.down_dims) - 1)
+            if self.horizon % factor:
+                raise ValueError(f"horizon={self.horizon} is not allowed with net='unet' and "
+                                 f"{len(self.down_dims)} levels: must be a multiple of {factor}")
+        check_int("num_inference_steps", self.num_inference_steps, 1, 1000)
+
+
+def config_from_dict(cls: type, values: Mapping[str, Any] | Any) -> Any:
+    """Build config ``cls`` from a dict (or return a dataclass instance of it unchanged).
+
+    Unknown keys raise ValueError naming them and the allowed fields; a ``name`` key is
+    ignored (Hydra policy groups carry it). Lists become tuples (JSON has no tuples).
+    """
+    if isinstance(values, cls):
+        return values
+    if dataclasses.is_dataclass(values) and not isinstance(values, type):
+        raise TypeError(f"config must be a {cls.__name__} or a dict, got a {type(values).__name__}")
+    if hasattr(values, "_metadata") and hasattr(values, "items"):  # omegaconf DictConfig
+        from omegaconf import OmegaConf
+
+        values = OmegaConf.to_container(values, resolve=True)
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"config must be a {cls.__name__} or a dict, got a {type(values).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in values.items() if k != "name"}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; allowed fields: {', '.join(sorted(names))}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})

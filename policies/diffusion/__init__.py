@@ -1,0 +1,1 @@
+"""Diffusion policy: ``DiffusionConfig`` (config.py) and ``DiffusionPolicy`` (model.py)."""

@@ -1,0 +1,1 @@
+"""Flow-matching policy: ``FlowConfig`` (config.py) and ``FlowPolicy`` (model.py)."""

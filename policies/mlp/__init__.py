@@ -1,0 +1,1 @@
+"""MLP behaviour-cloning baseline: ``MLPConfig`` (config.py) and ``MLPPolicy`` (model.py)."""

@@ -1,0 +1,321 @@
+"""Contract tests over every registered policy family (tiny configs, fake specs; no simulator).
+
+Checks: chunk shape/dtype/range, determinism given the noise, the action queue, a real
+learning test (one constant chunk per instruction), checkpoint round-trip, spec
+mismatch, bad configs and bad inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.errors import SpecMismatchError, UnknownNameError
+from embodied.specs import ActionSpec, ObservationSpec
+from policies import POLICIES, config_class, load_policy, make_config, make_policy
+
+DS, DA, TO, H, TA = 5, 3, 2, 8, 4
+OBS_SPEC = ObservationSpec(state_dim=DS)
+ACTION_SPEC = ActionSpec(dim=DA)
+TASKS = ["lift", "push"]
+INSTRUCTIONS = ["lift the red block", "push the blue block"]
+STATS = {
+    "state": {"mean": np.linspace(-1, 1, DS), "std": np.full(DS, 2.0), "min": np.full(DS, -5.0), "max": np.full(DS, 5.0)},
+    "action": {"mean": np.zeros(DA), "std": np.ones(DA), "min": np.full(DA, -1.0), "max": np.full(DA, 1.0)},
+}
+TINY = dict(n_obs_steps=TO, horizon=H, n_action_steps=TA, state_hidden=32, obs_dim=16, text_dim=16, lr=3e-3,
+            warmup_steps=0)
+DENOISER = dict(hidden=64, n_layers=2, time_emb_dim=16, down_dims=(16, 32), n_groups=4, num_inference_steps=4)
+# (family, config overrides): every registered family, the U-Net on both generative ones.
+VARIANTS = {
+    "flow": ("flow", {**TINY, **DENOISER}),
+    "flow-unet": ("flow", {**TINY, **DENOISER, "net": "unet", "sampler": "heun"}),
+    "diffusion": ("diffusion", {**TINY, **DENOISER}),
+    "diffusion-unet": ("diffusion", {**TINY, **DENOISER, "net": "unet", "sampler": "dpm"}),
+    "mlp": ("mlp", {**TINY, "hidden": 64, "n_layers": 2}),
+}
+GENERATIVE = [k for k, (family, _) in VARIANTS.items() if family != "mlp"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def build(variant: str, seed: int = 0, **overrides):
+    family, cfg = VARIANTS[variant]
+    torch.manual_seed(seed)
+    return make_policy(family, {**cfg, **overrides}, OBS_SPEC, ACTION_SPEC, STATS, TASKS, device="cpu")
+
+
+def obs_batch(b: int = 2, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"state": rng.normal(size=(b, TO, DS)).astype(np.float32),
+            "instruction": [INSTRUCTIONS[i % 2] for i in range(b)], "task": [TASKS[i % 2] for i in range(b)]}
+
+
+def noise(b: int = 2, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(b, H, DA)).astype(np.float32)
+
+
+def test_registry_covers_every_family():
+    assert {family for family, _ in VARIANTS.values()} == set(POLICIES)
+    for name in POLICIES:
+        assert make_config(name, {}).horizon >= make_config(name, {}).n_action_steps
+
+
+def test_unknown_policy_name_suggests():
+    with pytest.raises(UnknownNameError, match="Did you mean 'flow'"):
+        make_policy("flwo", {}, OBS_SPEC, ACTION_SPEC, STATS)
+    with pytest.raises(UnknownNameError):
+        config_class("transformer")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_predict_chunk_contract(variant):
+    policy = build(variant)
+    chunk = policy.predict_chunk(obs_batch(3), noise(3))
+    assert chunk.shape == (3, H, DA) and chunk.dtype == np.float32
+    assert np.isfinite(chunk).all() and chunk.min() >= -1.0 and chunk.max() <= 1.0
+    assert policy.noise_shape == (H, DA)
+    assert policy.encode_obs(obs_batch(3)).shape[0] == 3
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_deterministic_given_noise(variant):
+    policy = build(variant)
+    a = policy.predict_chunk(obs_batch(), noise(seed=1))
+    b = policy.predict_chunk(obs_batch(), noise(seed=1))
+    np.testing.assert_array_equal(a, b)
+    if variant in GENERATIVE:
+        c = policy.predict_chunk(obs_batch(), noise(seed=2))
+        assert not np.allclose(a, c), "a different initial noise must give a different chunk"
+
+
+@pytest.mark.parametrize("sampler", ["ddim", "dpm", "ddpm"])
+def test_diffusion_samplers_deterministic(sampler):
+    policy = build("diffusion", sampler=sampler)
+    policy.num_inference_steps = 10
+    a = policy.predict_chunk(obs_batch(), noise(seed=3))
+    np.testing.assert_array_equal(a, policy.predict_chunk(obs_batch(), noise(seed=3)))
+    # a row's chunk does not depend on the other rows (DDPM's per-row generators)
+    one = policy.predict_chunk({k: v[:1] for k, v in obs_batch().items()}, noise(seed=3)[:1])
+    np.testing.assert_allclose(one[0], a[0], atol=1e-5)
+
+
+def test_flow_steps_and_sampler_change_after_build():
+    policy = build("flow")
+    outs = {}
+    for steps, sampler in [(1, "euler"), (10, "euler"), (4, "midpoint")]:
+        policy.num_inference_steps, policy.sampler = steps, sampler
+        outs[(steps, sampler)] = policy.predict_chunk(obs_batch(), noise())
+    assert not np.allclose(outs[(1, "euler")], outs[(10, "euler")])
+    with pytest.raises(ValueError, match="num_inference_steps"):
+        policy.num_inference_steps = 0
+    with pytest.raises(ValueError, match="sampler"):
+        policy.sampler = "rk45"
+
+
+@pytest.mark.parametrize("variant", ["flow", "mlp"])
+def test_act_pops_n_action_steps_per_chunk(variant, monkeypatch):
+    policy = build(variant)
+    calls = []
+    real = policy.predict_chunk
+
+    def counting(batch, noise=None):
+        calls.append(batch)
+        return real(batch, noise)
+
+    monkeypatch.setattr(policy, "predict_chunk", counting)
+    policy.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(2 * TA + 1):
+        a = policy.act({"state": rng.normal(size=DS).astype(np.float32), "instruction": INSTRUCTIONS[0],
+                        "task": TASKS[0]})
+        assert a.shape == (DA,) and a.dtype == np.float32
+    assert len(calls) == 3  # chunks requested at steps 0, Ta and 2 Ta
+    assert calls[0]["state"].shape == (1, TO, DS)
+    policy.reset()
+    policy.act({"state": np.zeros(DS, np.float32), "instruction": INSTRUCTIONS[0], "task": TASKS[0]})
+    assert len(calls) == 4  # reset empties the queue
+
+
+def _targets() -> torch.Tensor:
+    """One constant chunk per instruction: a ramp up for the first, a ramp down for the second."""
+    ramp = torch.linspace(-0.6, 0.6, H)[:, None].expand(H, DA)
+    return torch.stack([ramp, -ramp])
+
+
+# Epsilon-prediction diffusion learns more slowly than flow matching and its few-step
+# samplers need an accurate model, so it trains longer and samples with 100 DDPM steps here.
+LEARN = {"flow": 150, "flow-unet": 300, "mlp": 150, "diffusion": 600, "diffusion-unet": 600}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_learns_a_chunk_per_instruction(variant):
+    policy = build(variant, seed=1)
+    b, steps = 32, LEARN[variant]
+    batch = obs_batch(b, seed=5)
+    targets = _targets()
+    batch["action"] = targets[torch.arange(b) % 2]
+    opt = policy.make_optimizer()
+    sched = policy.make_scheduler(opt, steps)
+    losses = []
+    for _ in range(steps):
+        loss, logs = policy.compute_loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        policy.ema_update()
+        losses.append(logs["loss"])
+    assert np.mean(losses[-10:]) < 0.2 * np.mean(losses[:10])
+    if VARIANTS[variant][0] == "diffusion":
+        policy.sampler, policy.num_inference_steps = "ddpm", 100
+    test = obs_batch(4, seed=9)  # unseen states, both instructions
+    chunk = torch.from_numpy(policy.predict_chunk(test, noise(4, seed=4)))
+    want = targets[torch.arange(4) % 2]
+    err_own = (chunk - want).abs().mean(dim=(1, 2))
+    err_other = (chunk - targets[(torch.arange(4) + 1) % 2]).abs().mean(dim=(1, 2))
+    assert (err_own < 0.25).all(), f"chunks far from their instruction's target: {err_own}"
+    assert (err_own < err_other).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_checkpoint_round_trip(variant, tmp_path):
+    policy = build(variant)
+    opt = policy.make_optimizer()
+    batch = {**obs_batch(8), "action": torch.rand(8, H, DA) * 2 - 1}
+    for _ in range(3):  # make the EMA and trained weights differ from their initial values
+        loss, _ = policy.compute_loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        policy.ema_update()
+    policy.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file() and (tmp_path / "ckpt" / "config.json").is_file()
+    loaded = load_policy(str(tmp_path / "ckpt"), device="cpu")
+    assert type(loaded) is type(policy) and loaded.task_names == TASKS
+    np.testing.assert_array_equal(policy.predict_chunk(obs_batch(), noise()), loaded.predict_chunk(obs_batch(), noise()))
+    for name, tensor in policy.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_checkpoint_spec_mismatch(tmp_path):
+    build("flow").save(tmp_path / "ckpt")
+    with pytest.raises(SpecMismatchError, match="state_dim"):
+        load_policy(str(tmp_path / "ckpt"), device="cpu", obs_spec=ObservationSpec(DS + 1))
+    policy = load_policy(str(tmp_path / "ckpt"), device="cpu", obs_spec=OBS_SPEC, action_spec=ACTION_SPEC)
+    with pytest.raises(SpecMismatchError, match="dim"):
+        policy.check_spec(OBS_SPEC, ActionSpec(DA + 1))
+    onehot = build("mlp")
+    onehot.check_spec(OBS_SPEC, ACTION_SPEC, tasks=TASKS)
+    with pytest.raises(SpecMismatchError, match="stack"):
+        onehot.check_spec(OBS_SPEC, ACTION_SPEC, tasks=["stack"])
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        load_policy(str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_policy(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("family,field,value", [
+    ("flow", "horizon", 4),  # < n_action_steps (8)
+    ("flow", "n_action_steps", 0),
+    ("flow", "n_obs_steps", 0),
+    ("flow", "num_inference_steps", 0),
+    ("flow", "num_inference_steps", 1001),
+    ("flow", "sampler", "rk4"),
+    ("flow", "obs_mode", "rgb"),
+    ("flow", "text_encoder", "bert"),
+    ("flow", "text_encoder", "openclip"),  # needs openclip_checkpoint
+    ("flow", "net", "transformer"),
+    ("flow", "lr", 0.0),
+    ("diffusion", "num_inference_steps", 101),  # > num_train_timesteps
+    ("diffusion", "sampler", "euler"),
+    ("diffusion", "prediction_type", "v_prediction"),
+    ("mlp", "hidden", 0),
+    ("flow", "not_a_field", 1),
+])
+def test_bad_config_names_the_field(family, field, value):
+    with pytest.raises(ValueError, match=field):
+        make_config(family, {field: value})
+
+
+def test_unet_horizon_must_divide():
+    with pytest.raises(ValueError, match="horizon"):
+        make_config("flow", {"net": "unet", "horizon": 10, "down_dims": (16, 32, 64), "n_groups": 4,
+                             "n_action_steps": 4})
+
+
+@pytest.mark.parametrize("variant", ["flow", "mlp"])
+def test_bad_inputs_are_named(variant):
+    policy = build(variant)
+    good = obs_batch()
+    with pytest.raises(ValueError, match=r"state.*\(B, To=2, Ds=5\)"):
+        policy.predict_chunk({**good, "state": good["state"][:, 0]})
+    with pytest.raises(TypeError, match="instruction"):
+        policy.predict_chunk({**good, "instruction": "lift the red block"})
+    with pytest.raises(ValueError, match="instruction"):
+        policy.predict_chunk({**good, "instruction": INSTRUCTIONS * 2})
+    with pytest.raises(ValueError, match="noise"):
+        policy.predict_chunk(good, np.zeros((2, H, DA + 1), np.float32))
+    with pytest.raises(ValueError, match="action"):
+        policy.compute_loss({**good, "action": torch.zeros(2, H - 1, DA)})
+
+
+def test_onehot_needs_known_task():
+    policy = build("mlp")
+    good = obs_batch()
+    with pytest.raises(ValueError, match="task"):
+        policy.predict_chunk({k: v for k, v in good.items() if k != "task"})
+    with pytest.raises(UnknownNameError, match="stack"):
+        policy.predict_chunk({**good, "task": ["stack", "lift"]})
+
+
+def test_padded_actions_do_not_count():
+    policy = build("mlp")
+    batch = {**obs_batch(4), "action": torch.zeros(4, H, DA), "action_is_pad": torch.zeros(4, H, dtype=torch.bool)}
+    batch["action_is_pad"][:, H // 2:] = True
+    loss_a, _ = policy.compute_loss(batch)
+    batch["action"][:, H // 2:] = 1.0  # only padded entries change
+    loss_b, _ = policy.compute_loss(batch)
+    assert torch.equal(loss_a, loss_b)
+
+
+def test_pixel_policy_with_random_shift():
+    spec = ObservationSpec(state_dim=4, cameras=("front",), image_size=16)
+    policy = make_policy("flow", {**VARIANTS["flow"][1], "obs_mode": "pixels", "image_keypoints": 4}, spec,
+                         ACTION_SPEC, None, device="cpu")
+    rng = np.random.default_rng(0)
+    batch = {"state": rng.normal(size=(2, TO, 4)).astype(np.float32),
+             "image": rng.integers(0, 255, size=(2, TO, 16, 16, 3), dtype=np.uint8), "instruction": INSTRUCTIONS}
+    loss, _ = policy.compute_loss({**batch, "action": torch.zeros(2, H, DA)})
+    loss.backward()
+    chunk = policy.predict_chunk(batch, noise())
+    assert chunk.shape == (2, H, DA)
+    np.testing.assert_array_equal(chunk, policy.predict_chunk(batch, noise()))  # no augmentation at inference
+    with pytest.raises(TypeError, match="uint8"):
+        policy.predict_chunk({**batch, "image": batch["image"].astype(np.float32)}, noise())
+    with pytest.raises(SpecMismatchError):
+        make_policy("flow", {"obs_mode": "pixels"}, OBS_SPEC, ACTION_SPEC, None)
+
+
+def test_lr_schedule_warms_up_then_decays():
+    policy = build("flow", warmup_steps=10)
+    opt = policy.make_optimizer()
+    sched = policy.make_scheduler(opt, 100)
+    lrs = []
+    for _ in range(100):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    peak = policy.config.lr
+    assert lrs[0] < 0.2 * peak and max(lrs) == pytest.approx(peak) and lrs[-1] < 0.01 * peak
