@@ -47,9 +47,9 @@ class TrainConfig:
     image_size: int = 64
     cameras: list[str] = field(default_factory=list)
     dataset: str = ""  # default data/<suite>-<obs_mode>; collected when it holds too few episodes
-    demos: int = 100  # demonstrations per task
+    demos: int = 400  # demonstrations per task
     demo_noise: float = 0.1  # noise on executed expert actions while collecting (recovery data)
-    steps: int = 4000  # gradient steps
+    steps: int = 15000  # gradient steps
     batch_size: int = 256
     eval_every: int = 0  # steps between periodic evaluations (0: final only)
     eval_episodes_periodic: int = 10  # per task, training paraphrases

@@ -19,6 +19,7 @@ from sim.manipulation.world import STEP_M, block_index, button_index
 OPEN, CLOSE = -1.0, 1.0
 HALF_OPEN = 0.33  # each finger 1.5 cm from the centre line
 HOVER = 0.07  # height above an object to approach from (m)
+ZONE_HALF = 0.045  # half side of the yellow zone (m), as in scene.py
 
 
 def _reach(d: float, scale: float = 10.0) -> float:
@@ -208,7 +209,8 @@ class Push(Task):
         b = s[block_index(env.params["color"])]
         d = float(np.linalg.norm(b[:2] - s[15:17]))
         terms = {"reach": _reach(np.linalg.norm(s[0:3] - b)), "place": _reach(d, 5.0)}
-        return bool(d < 0.03 and b[2] < 0.03), terms, self.weights
+        on_zone = bool(np.all(np.abs(b[:2] - s[15:17]) < ZONE_HALF) and b[2] < 0.03)  # centre on the square
+        return on_zone, terms, self.weights
 
     def expert(self, env, s, mem):
         b, zone = s[block_index(env.params["color"])], s[15:17]
