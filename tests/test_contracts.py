@@ -28,6 +28,21 @@ def test_check_env_state_and_pixels(task):
         env.close()
 
 
+def _metaworld_tasks() -> list[str]:
+    try:
+        return embodied.list_tasks("metaworld-mt50")
+    except Exception:  # metaworld plugin unavailable
+        return []
+
+
+@pytest.mark.parametrize("task", _metaworld_tasks())
+def test_check_env_metaworld(task):
+    pytest.importorskip("metaworld")
+    env = embodied.make_env(task)
+    check_env(env, skip_render_check=True)
+    env.close()
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_observation_reward_contract(task):
     env = embodied.make_env(task)
