@@ -60,7 +60,7 @@ class TrainConfig:
     videos: int = 2
     seed: int = 0
     device: str = "auto"
-    threads: int = 0  # torch CPU threads (0: all cores)
+    threads: int = 0  # torch CPU threads (0: half the cores; more threads than free cores stalls torch)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -180,8 +180,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     from policies import load_policy, make_config, make_policy
 
     t_start = time.time()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
     torch.manual_seed(cfg.seed)
     tasks = resolve_tasks(cfg.suite, cfg.tasks)
     name = cfg.policy["name"]
@@ -248,6 +247,8 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
                 tb.add_scalar("train/loss", logs["loss"], step)
                 tb.add_scalar("train/lr", sched.get_last_lr()[0], step)
                 bar.set_postfix(loss=f"{logs['loss']:.4f}")
+            if not cfg.progress and (step + 1) % max(1, cfg.steps // 10) == 0:
+                log.info("step %d/%d loss %.4f (%.0f s)", step + 1, cfg.steps, logs["loss"], time.time() - t_train)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 periodic_eval(step + 1)
             if (step + 1) % cfg.save_every == 0:
