@@ -4,15 +4,20 @@ Training (DDPM, Ho et al. 2020): pick k ~ U{0..K-1} (K = 100), noise the normali
 with the ``squaredcos_cap_v2`` schedule, x_k = sqrt(abar_k) a + sqrt(1 - abar_k) eps, and
 regress eps (``prediction_type="epsilon"``) with an MSE.
 
-Sampling starts from the given noise x_K and runs ``num_inference_steps`` denoising steps:
+Sampling starts from the given noise x_K and runs ``num_inference_steps`` denoising steps
+with ``trailing`` timestep spacing (the first step is at k = K-1, where the initial noise
+really is pure noise; Lin et al. 2024). The clean-chunk estimate is clipped to [-1, 1] at
+every step (at k = K-1, abar ~ 2e-7, so an unclipped estimate amplifies errors ~2000x).
 
-- ``ddim`` (Song et al. 2021) with eta = 0 and ``trailing`` timestep spacing (starts at
-  k = K-1; Lin et al. 2024): deterministic, the default, good at 8-16 steps;
-- ``dpm``: DPM-Solver++ 2M (Lu et al. 2022): deterministic, good at 5-10 steps;
+- ``ddim`` (Song et al. 2021) with eta = 0: deterministic, the default;
+- ``dpm``: DPM-Solver++ 2M (Lu et al. 2022): deterministic, often good at fewer steps;
 - ``ddpm``: ancestral sampling, which injects fresh noise each step. To keep
   (observation, noise) -> chunk a function, that noise comes from one CPU generator per
   batch row seeded with a hash of the row's initial noise: a row's result does not depend
   on the other rows, and the same noise always gives the same chunk.
+
+Epsilon prediction needs a well-trained model before few-step samplers are accurate: on a
+short CPU budget the flow policy learns faster (``prediction_type="sample"`` also helps).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from policies.common.nets import make_denoiser
 from policies.diffusion.config import DIFFUSION_SAMPLERS, DiffusionConfig
 
 
-def make_scheduler(kind: str, config: DiffusionConfig):
+def make_noise_scheduler(kind: str, config: DiffusionConfig):
     """A diffusers scheduler of ``kind`` (``ddpm`` for training; any sampler for inference)."""
     common = dict(num_train_timesteps=config.num_train_timesteps, beta_schedule="squaredcos_cap_v2",
                   prediction_type=config.prediction_type)
@@ -41,8 +46,7 @@ def make_scheduler(kind: str, config: DiffusionConfig):
         return DDIMScheduler(**common, clip_sample=True, set_alpha_to_one=True, steps_offset=0,
                              timestep_spacing="trailing")
     if kind == "dpm":
-        # thresholding with sample_max_value=1 clips the x0 estimate to [-1, 1], as DDIM's
-        # clip_sample does: at k = K-1 (abar ~ 2e-7) the raw estimate is noise amplified ~2000x.
+        # thresholding with sample_max_value=1 clips the x0 estimate to [-1, 1] like clip_sample
         return DPMSolverMultistepScheduler(**common, algorithm_type="dpmsolver++", solver_order=2,
                                            timestep_spacing="trailing", lower_order_final=True,
                                            thresholding=True, sample_max_value=1.0)
@@ -69,7 +73,7 @@ class DiffusionPolicy(TorchPolicy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.noise_scheduler = make_scheduler("ddpm", self.config)
+        self.noise_scheduler = make_noise_scheduler("ddpm", self.config)
         self._samplers: dict[str, object] = {}
 
     def build_head(self, cond_dim: int) -> nn.Module:
@@ -105,7 +109,7 @@ class DiffusionPolicy(TorchPolicy):
     def sample(self, model: nn.ModuleDict, cond: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         kind = self.config.sampler
         if kind not in self._samplers:
-            self._samplers[kind] = make_scheduler(kind, self.config)
+            self._samplers[kind] = make_noise_scheduler(kind, self.config)
         scheduler = self._samplers[kind]
         with warnings.catch_warnings():  # diffusers' DPM solver trips a numpy-2 DeprecationWarning
             warnings.simplefilter("ignore", DeprecationWarning)
