@@ -25,6 +25,8 @@ def stack_history(history: list[Observation]) -> dict[str, Any]:
     ``instruction`` str -> [str].
     """
     out: dict[str, Any] = {"instruction": [str(history[-1]["instruction"])]}
+    if "task" in history[-1]:  # the one-hot baseline reads the task name instead of the words
+        out["task"] = [str(history[-1]["task"])]
     out["state"] = np.stack([np.asarray(o["state"], np.float32) for o in history])[None]
     if "image" in history[-1]:
         out["image"] = np.stack([np.asarray(o["image"], np.uint8) for o in history])[None]

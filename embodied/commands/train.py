@@ -49,8 +49,8 @@ class TrainConfig:
     dataset: str = ""  # default data/<suite>-<obs_mode>; collected when it holds too few episodes
     demos: int = 400  # demonstrations per task
     demo_noise: float = 0.1  # noise on executed expert actions while collecting (recovery data)
-    steps: int = 15000  # gradient steps
-    batch_size: int = 256
+    steps: int = 16000  # gradient steps
+    batch_size: int = 128
     eval_every: int = 0  # steps between periodic evaluations (0: final only)
     eval_episodes_periodic: int = 10  # per task, training paraphrases
     eval_episodes: int = 50  # final evaluation, per task and split
