@@ -36,6 +36,18 @@ def _close_renderers() -> None:
         env.close()
 
 
+def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_episode_steps: int | None) -> None:
+    """Validate the constructor arguments every world shares (ours and adapters)."""
+    if obs_mode not in OBS_MODES:
+        raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
+    if render_mode not in (None, "rgb_array"):
+        raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+    if not 8 <= int(image_size) <= 512:
+        raise ValueError(f"image_size must be in [8, 512] pixels, got {image_size}")
+    if max_episode_steps is not None and int(max_episode_steps) < 1:
+        raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+
+
 class TaskEnv(gym.Env):
     """A language-conditioned MuJoCo task.
 
@@ -75,12 +87,7 @@ class TaskEnv(gym.Env):
         max_episode_steps: int | None = None,
     ):
         self.spec_task: TaskSpec = get_task(task)
-        if obs_mode not in OBS_MODES:
-            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
-        if not 8 <= int(image_size) <= 512:
-            raise ValueError(f"image_size must be in [8, 512] pixels, got {image_size}")
+        check_env_args(obs_mode, render_mode, image_size, max_episode_steps)
         self.obs_mode, self.render_mode = obs_mode, render_mode
         self.image_size, self.render_size = int(image_size), int(render_size)
         if isinstance(instructions, str):

@@ -44,7 +44,7 @@ import numpy as np
 from embodied.errors import InvalidActionError
 from embodied.registry import TaskSpec, get_task
 from embodied.specs import ActionSpec, ObservationSpec
-from sim.base import INSTRUCTION_CHARSET, OBS_MODES
+from sim.base import INSTRUCTION_CHARSET, check_env_args
 from sim.render import make_renderer
 
 STATE_DIM = 39
@@ -96,14 +96,7 @@ class MetaWorldEnv(gym.Env):
         max_episode_steps: int | None = None,
     ):
         self.spec_task: TaskSpec = get_task(task)
-        if obs_mode not in OBS_MODES:
-            raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
-        if not 8 <= int(image_size) <= 512:
-            raise ValueError(f"image_size must be in [8, 512] pixels, got {image_size}")
-        if max_episode_steps is not None and int(max_episode_steps) < 1:
-            raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+        check_env_args(obs_mode, render_mode, image_size, max_episode_steps)
         self.obs_mode, self.render_mode = obs_mode, render_mode
         self.image_size, self.render_size = int(image_size), int(render_size)
         if isinstance(instructions, str):
