@@ -2,7 +2,7 @@
 
 A policy is normaliser + encoders + a family-specific head, in one ``nn.Module``:
 
-    instruction --frozen TextEmbedder--> (B, 384) --Linear+Mish--> text (B, text_dim) ---------+
+    instruction --frozen TextEmbedder--> pooled (B, 384) + tokens (B, L, 384) --TextPool--> text (B, text_dim) --+
     obs (B, To, ...) --ObsEncoder, FiLM-modulated by text--> obs features (B, obs_dim) --+--> cond (B, C)
     cond (+ noise) --head (flow / diffusion / MLP)--> chunk (B, H, Da) in [-1, 1] (normalised)
 
@@ -36,7 +36,7 @@ from embodied.policy import Observation, Policy
 from embodied.specs import ActionSpec, ObservationSpec
 from policies.common.config import PolicyConfig
 from policies.common.ema import EMA
-from policies.common.encoders import ObsEncoder
+from policies.common.encoders import ObsEncoder, TextPool
 from policies.common.normalize import Normalizer
 from policies.common.text import make_text_embedder
 
@@ -119,7 +119,7 @@ class TorchPolicy(Policy, nn.Module):
         obs = ObsEncoder(obs_spec.state_dim, config.n_obs_steps, config.state_hidden, config.obs_dim,
                          config.state_layers, config.text_dim if config.text_film else 0, len(self.cameras),
                          config.image_keypoints, config.crop_pad)
-        text = nn.Sequential(nn.Linear(self.text.dim, config.text_dim), nn.Mish())
+        text = TextPool(self.text.dim, config.text_dim, config.text_pool, config.text_queries)
         self.model = nn.ModuleDict({"obs": obs, "text": text,
                                     "head": self.build_head(config.obs_dim + config.text_dim)})
         self.ema = EMA(self.model, config.ema_power, config.ema_max_decay) if config.ema else None
@@ -205,7 +205,12 @@ class TorchPolicy(Policy, nn.Module):
         return t
 
     def _encode(self, model: nn.ModuleDict, obs: dict[str, Any]) -> torch.Tensor:
-        text = model["text"](self.text.embed(obs["instruction"], obs["task"]).to(self.device))
+        pooled = self.text.embed(obs["instruction"], obs["task"]).to(self.device)
+        if self.config.text_pool == "attention":
+            tokens, mask = self.text.embed_tokens(obs["instruction"], obs["task"])
+            text = model["text"](pooled, tokens.to(self.device), mask.to(self.device))
+        else:
+            text = model["text"](pooled)
         feats = model["obs"](self.normalizer.normalize_state(obs["state"]), obs["images"], text)
         return torch.cat([feats, text], dim=-1)
 

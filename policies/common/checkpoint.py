@@ -90,11 +90,17 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec:
 
     meta = read_checkpoint_config(path)
     cls = policy_class(meta["policy"])
-    config = config_from_dict(cls.config_class, meta["config"])
+    values = dict(meta["config"])
+    legacy_text = "text_pool" not in values  # written before token attention: mean pooling only
+    if legacy_text:
+        values["text_pool"] = "mean"
+    config = config_from_dict(cls.config_class, values)
     dev = resolve_device(device)
     policy = cls(config, ObservationSpec.from_dict(meta["obs_spec"]), ActionSpec.from_dict(meta["action_spec"]),
                  stats=None, task_names=meta.get("task_names") or None, device=dev)
     state = load_file(str(Path(path) / WEIGHTS_FILE), device=str(dev))
+    if legacy_text:  # the text projection was nn.Sequential(Linear, Mish): ``text.0.*`` -> ``text.proj.*``
+        state = {k.replace(".text.0.", ".text.proj."): v for k, v in state.items()}
     try:
         policy.load_state_dict(state, strict=True)
     except RuntimeError as e:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 OBS_MODES = ("state", "pixels")
 TEXT_ENCODERS = ("minilm", "openclip", "onehot")
+TEXT_POOLS = ("attention", "mean")
 DENOISER_NETS = ("mlp", "unet")
 
 
@@ -60,6 +61,10 @@ class PolicyConfig:
             (frozen open_clip text tower from ``openclip_checkpoint``) or ``"onehot"``
             (task id from ``obs["task"]``; no language).
         text_dim: size of the projected text feature vector.
+        text_pool: ``"attention"`` (learned queries attend over the instruction's contextual
+            token vectors, plus the pooled sentence vector; keeps word order, which mean
+            pooling nearly erases) or ``"mean"`` (the pooled sentence vector only).
+        text_queries: attention queries of ``text_pool="attention"``.
         text_film: FiLM-modulate the state MLP with the text features (see ``ObsEncoder``).
         openclip_model: open_clip architecture name of the checkpoint.
         openclip_checkpoint: local path of open_clip weights (required for ``openclip``).
@@ -82,6 +87,8 @@ class PolicyConfig:
     crop_pad: int = 4
     text_encoder: str = "minilm"
     text_dim: int = 64
+    text_pool: str = "attention"
+    text_queries: int = 4
     text_film: bool = True
     openclip_model: str = "ViT-B-32"
     openclip_checkpoint: str | None = None
@@ -107,6 +114,8 @@ class PolicyConfig:
             check_int(name, getattr(self, name), 1)
         check_int("crop_pad", self.crop_pad, 0)
         check_choice("text_encoder", self.text_encoder, TEXT_ENCODERS)
+        check_choice("text_pool", self.text_pool, TEXT_POOLS)
+        check_int("text_queries", self.text_queries, 1)
         if self.text_encoder == "openclip" and not self.openclip_checkpoint:
             raise ValueError("openclip_checkpoint=None is not allowed with text_encoder='openclip': give the "
                              "path of a local open_clip checkpoint (nothing is downloaded), or use "

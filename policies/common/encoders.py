@@ -82,6 +82,43 @@ class ImageEncoder(nn.Module):
         return self.keypoints(self.trunk(x))
 
 
+class TextPool(nn.Module):
+    """Frozen instruction embeddings -> (B, out_dim) text features.
+
+    ``pool="mean"``: ``mish(W e)`` of the pooled sentence vector e. ``pool="attention"``:
+    also ``queries`` learned queries attend over the layer-normed contextual token vectors
+    (masked softmax), and the attended values join e before the projection. The tokens keep
+    who-does-what ("the red block on the green block") that mean pooling blurs.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, pool: str = "attention", queries: int = 4,
+                 key_dim: int = 64) -> None:
+        super().__init__()
+        self.pool = pool
+        extra = 0
+        if pool == "attention":
+            self.norm = nn.LayerNorm(in_dim)
+            self.key = nn.Linear(in_dim, key_dim)
+            self.value = nn.Linear(in_dim, key_dim)
+            self.queries = nn.Parameter(torch.randn(queries, key_dim) / key_dim ** 0.5)
+            extra = queries * key_dim
+        self.proj = nn.Linear(in_dim + extra, out_dim)
+
+    def forward(self, pooled: torch.Tensor, tokens: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """pooled (B, D); tokens (B, L, D) and mask (B, L) bool (needed for attention)."""
+        feats = [pooled]
+        if self.pool == "attention":
+            if tokens is None or mask is None:
+                raise ValueError("attention pooling needs the instruction's token vectors and mask")
+            t = self.norm(tokens)
+            k, v = self.key(t), self.value(t)
+            logits = torch.einsum("qd,bld->bql", self.queries, k) / k.shape[-1] ** 0.5
+            logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+            feats.append(torch.einsum("bql,bld->bqd", torch.softmax(logits, dim=-1), v).flatten(1))
+        return F.mish(self.proj(torch.cat(feats, dim=-1)))
+
+
 class ObsEncoder(nn.Module):
     """Observation history (+ text features) -> (B, out_dim) features.
 

@@ -13,6 +13,13 @@ Backends (``text_encoder`` in the policy config):
 Embedders are frozen and live outside the ``nn.Module`` tree, so their weights are not in
 the policy checkpoint (only the backend's name is). Each distinct string is embedded once
 and kept in an in-memory cache; embeddings are returned on the CPU as float32.
+
+Besides the pooled sentence vector (``embed``), ``embed_tokens`` gives the contextual token
+vectors of each instruction (MiniLM's last layer). Mean pooling nearly erases word order:
+"stack the red block on the green block" and its swapped twin have cosine 0.99 under
+MiniLM, so a policy that only sees the pooled vector can hardly tell which block goes on
+top. Policies attend over the tokens (``TextPool`` in ``policies/common/encoders.py``).
+Backends without token vectors (open_clip, one-hot) return the pooled vector as one token.
 """
 
 from __future__ import annotations
@@ -49,6 +56,15 @@ class TextEmbedder:
     def _encode(self, texts: list[str]) -> torch.Tensor:
         raise NotImplementedError
 
+    def embed_tokens(self, instructions: Sequence[str],
+                     tasks: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token vectors (B, L, dim), zero-padded, and their mask (B, L) bool (True: a token).
+
+        The default is the pooled embedding as a single token.
+        """
+        pooled = self.embed(instructions, tasks)
+        return pooled[:, None, :], torch.ones(pooled.shape[0], 1, dtype=torch.bool)
+
     def describe(self) -> dict:
         """What the checkpoint records about this embedder."""
         return {"name": self.name, "dim": self.dim}
@@ -78,12 +94,31 @@ def _load_minilm():
 class MiniLMEmbedder(TextEmbedder):
     name, dim = "minilm", MINILM_DIM
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._token_cache: dict[str, torch.Tensor] = {}
+
     def _encode(self, texts: list[str]) -> torch.Tensor:
         model = _load_minilm()
         with torch.no_grad():
             out = model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True,
                                show_progress_bar=False)
         return torch.from_numpy(np.asarray(out, dtype=np.float32))
+
+    def embed_tokens(self, instructions: Sequence[str],
+                     tasks: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        missing = sorted({s for s in instructions if s not in self._token_cache})
+        if missing:
+            model = _load_minilm()
+            with torch.no_grad():
+                out = model.encode(missing, batch_size=64, output_value="token_embeddings",
+                                   show_progress_bar=False)
+            for s, v in zip(missing, out):
+                self._token_cache[s] = torch.as_tensor(v, dtype=torch.float32).cpu()
+        seqs = [self._token_cache[s] for s in instructions]
+        tokens = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+        lengths = torch.tensor([len(t) for t in seqs])
+        return tokens, torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
 
 
 class OpenCLIPEmbedder(TextEmbedder):
