@@ -9,7 +9,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from embodied.registry import get_suite, get_task, make_env
-from sim.navigation.arena import COLORS, ROOMS
+from sim.navigation.arena import BALL_R, COLORS, N_RANGES, RANGE_MAX, ROOMS, wall_clearance
 
 TASKS = ("goto-landmark", "goto-room", "goto-between", "approach-avoid")
 EXPERT_SEEDS = 20
@@ -26,7 +26,32 @@ def test_check_env_state(task):
         warnings.simplefilter("ignore")  # render_mode=None warnings
         check_env(env, skip_render_check=True)
     obs, _ = env.reset(seed=0)
-    assert obs["state"].shape == (6 + 2 * len(COLORS),) and obs["state"].dtype == np.float32
+    assert obs["state"].shape == (6 + 4 * len(COLORS) + N_RANGES,) and obs["state"].dtype == np.float32
+    env.close()
+
+
+def test_egocentric_landmarks_and_ranges_agree_with_the_pose():
+    env = make_env("goto-landmark")
+    for seed in range(5):
+        obs, _ = env.reset(seed=seed)
+        s = obs["state"].astype(np.float64)
+        x, y, c, sn = s[0], s[1], s[2], s[3]
+        world = s[6:14].reshape(-1, 2)
+        ego = s[14:22].reshape(-1, 2)
+        # rotating the robot-frame vectors back by the yaw gives the world-frame offsets
+        back = np.stack([ego[:, 0] * c - ego[:, 1] * sn, ego[:, 0] * sn + ego[:, 1] * c], axis=1)
+        np.testing.assert_allclose(back, world - (x, y), atol=1e-4)
+        ranges = s[22:30]
+        assert np.all(ranges > 0) and np.all(ranges <= RANGE_MAX)
+        # no ray ends before the nearest obstacle surface (wall face or ball)
+        nearest = min(float(wall_clearance(np.array([x, y]))), float(np.linalg.norm(world - (x, y), axis=1).min()) - BALL_R)
+        assert ranges.min() >= nearest - 1e-3
+    # driving straight at a wall shortens the forward ray by the distance driven
+    obs, _ = env.reset(seed=0)
+    first = obs["state"][22]
+    for _ in range(3):
+        obs, *_ = env.step(np.array([0.5, 0.0], np.float32))
+    assert obs["state"][22] < first or first == RANGE_MAX
     env.close()
 
 

@@ -130,6 +130,16 @@ def _ensure_dataset(cfg: TrainConfig, tasks: list[str]) -> Any:
     return ds
 
 
+def _check_dataset(ds: Any, obs_spec: Any, action_spec: Any) -> None:
+    """Refuse demonstrations recorded with other observation/action shapes than the task's now."""
+    for name, want in (("state", obs_spec.state_dim), ("action", action_spec.dim)):
+        have = tuple(ds.features[name]["shape"])
+        if have != (want,):
+            raise ValueError(f"dataset {ds.root} holds {name} of shape {have} but the task's {name} is ({want},) "
+                             f"(recorded with an older version of the task?): give another dataset=PATH, or "
+                             f"move that folder away so the demonstrations are collected anew")
+
+
 def _save(policy: Any, opt: Any, sched: Any, step: int, curve: list[Any], out: Path) -> None:
     """Checkpoint atomically: write into a temp dir, then swap it in."""
     import torch
@@ -191,6 +201,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     probe.close()
 
     ds = _ensure_dataset(cfg, tasks)
+    _check_dataset(ds, obs_spec, action_spec)
     t_data = time.time() - t_start
     ckpt = out / "checkpoint"
     curve: list[dict[str, Any]] = []

@@ -30,6 +30,8 @@ DOOR_HALF = 0.4  # half-width of a doorway (m)
 ROBOT_R = 0.15  # robot radius (m)
 BALL_R = 0.15  # landmark ball radius (m)
 ROOM_MARGIN = 0.35  # robot centre this far past the inner walls counts as "in the room" (m)
+N_RANGES = 8  # range sensors on the robot, every 45 degrees from straight ahead, counter-clockwise
+RANGE_MAX = 2.5  # range readings are clipped to this (m)
 
 COLORS = ("red", "green", "blue", "yellow")  # landmark order in the state vector
 COLOR_RGBA = {"red": "0.9 0.12 0.12 1", "green": "0.1 0.75 0.2 1",
@@ -38,6 +40,20 @@ ROOMS = {"kitchen": (1, 1), "bedroom": (-1, 1), "office": (-1, -1), "garage": (1
 ROOM_RGBA = {"kitchen": "0.86 0.76 0.62 1", "bedroom": "0.72 0.64 0.82 1",
              "office": "0.74 0.78 0.8 1", "garage": "0.42 0.42 0.44 1"}
 DOORS = np.array([(0.0, 1.25), (0.0, -1.25), (1.25, 0.0), (-1.25, 0.0)])  # doorway centres
+
+
+def _range_sites_xml() -> str:
+    """Horizontal rays from the robot centre (at ball-centre height), one every 45 degrees."""
+    sites = []
+    for k in range(N_RANGES):
+        a = 2 * math.pi * k / N_RANGES
+        sites.append(f'<site name="range_{k}" pos="0 0 {BALL_R}" zaxis="{math.cos(a):.6f} {math.sin(a):.6f} 0" '
+                     f'size="0.01" rgba="0 0 0 0"/>')
+    return "\n      ".join(sites)
+
+
+def _range_sensors_xml() -> str:
+    return "\n    ".join(f'<rangefinder name="range_{k}" site="range_{k}"/>' for k in range(N_RANGES))
 
 
 def _wall_segments() -> np.ndarray:
@@ -199,8 +215,12 @@ ARENA_XML = f"""
             rgba="0.92 0.92 0.92 1"/>
       <geom name="nose" type="box" size="0.05 0.05 0.02" pos="0.08 0 0.21" mass="0.05" rgba="0.1 0.1 0.12 1"/>
       <camera name="ego" pos="0.16 0 0.26" xyaxes="0 -1 0 0.25 0 1" fovy="90"/>
+      {_range_sites_xml()}
     </body>
   </worldbody>
+  <sensor>
+    {_range_sensors_xml()}
+  </sensor>
   <actuator>
     <velocity name="vx" joint="x" kv="150" ctrlrange="-2 2"/>
     <velocity name="vy" joint="y" kv="150" ctrlrange="-2 2"/>

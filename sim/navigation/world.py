@@ -9,10 +9,15 @@ velocity actuators on the x, y and yaw joints track the world-frame velocity
 unicycle. Walls and balls are solid; contacts are frictionless (a bumper that slides
 along walls), so the robot can always turn away from an obstacle it touches.
 
-State (14,) float32, the same layout for every task:
+State (30,) float32, the same layout for every task:
     [0:2] robot x, y (m); [2:4] cos(yaw), sin(yaw); [4] forward speed (m/s);
     [5] yaw rate (rad/s) -- these 6 are ``proprio_dims``, kept in pixel mode;
-    [6:14] x, y (m) of the red, green, blue and yellow balls, in that order.
+    [6:14] x, y (m) of the red, green, blue and yellow balls, in that order;
+    [14:22] the same balls in the robot's frame (x ahead, y to the left; m), what an
+        onboard detector reports -- a policy need not learn the rotation itself;
+    [22:30] range readings (m, clipped to 2.5) of 8 horizontal rays from the robot centre,
+        every 45 degrees counter-clockwise from straight ahead (MuJoCo rangefinders; walls
+        and balls). Like the real sensor they lag one 20 ms physics step.
 
 Cameras: ``ego`` (on the robot, looking ahead; pixel observations) and ``overhead``
 (the whole arena; ``render()``).
@@ -37,7 +42,7 @@ import mujoco
 import numpy as np
 
 from sim.base import TaskEnv
-from sim.navigation.arena import ARENA_XML, BALL_R, COLORS, ROOM_MARGIN, ROOMS, Scene, sample_in_room, \
+from sim.navigation.arena import ARENA_XML, BALL_R, COLORS, N_RANGES, RANGE_MAX, ROOM_MARGIN, ROOMS, Scene, sample_in_room, \
     sample_scene
 from sim.navigation.planner import Plan, pursue
 from sim.navigation.tasks import AVOID_RADIUS, GOALS, GRID, Goal, solve
@@ -65,7 +70,8 @@ class NavigationEnv(TaskEnv):
     def _setup(self) -> None:
         self._sample_goal = GOALS[self.spec_task.name]
         self._mocap = [int(self.model.body_mocapid[self.model.body(f"ball_{c}").id]) for c in COLORS]
-        self._buf = np.zeros(6 + 2 * len(COLORS), dtype=np.float32)
+        self._buf = np.zeros(6 + 4 * len(COLORS) + N_RANGES, dtype=np.float32)
+        self._range_adr = [int(self.model.sensor_adr[self.model.sensor(f"range_{k}").id]) for k in range(N_RANGES)]
         self._weights = WEIGHTS
         self._violated = False
         self.scene: Scene | None = None
@@ -107,7 +113,7 @@ class NavigationEnv(TaskEnv):
         self.data.qpos[:3] = start
         for m, p in zip(self._mocap, scene.landmarks):
             self.data.mocap_pos[m] = (p[0], p[1], BALL_R)
-        self._buf[6:] = scene.landmarks.reshape(-1)
+        self._buf[6:14] = scene.landmarks.reshape(-1)
         return dict(goal.fields)
 
     # ------------------------------------------------------------------ hooks
@@ -120,6 +126,11 @@ class NavigationEnv(TaskEnv):
         q, qd, b = self.data.qpos, self.data.qvel, self._buf
         c, s = math.cos(q[2]), math.sin(q[2])
         b[:6] = (q[0], q[1], c, s, qd[0] * c + qd[1] * s, qd[2])
+        rel = b[6:14].reshape(-1, 2) - (q[0], q[1])
+        b[14:22:2] = rel[:, 0] * c + rel[:, 1] * s
+        b[15:22:2] = -rel[:, 0] * s + rel[:, 1] * c
+        r = self.data.sensordata[self._range_adr]
+        b[22:30] = np.where(r < 0, RANGE_MAX, np.minimum(r, RANGE_MAX))
         return b.copy()
 
     def _evaluate(self) -> tuple[bool, dict[str, float], dict[str, float]]:
