@@ -262,8 +262,90 @@ def write_report(out_dir: str | os.PathLike[str], metrics: Mapping[str, Any], ti
             row += f"{_fmt(p.get('custom'))} | "
         lines.append(row + f"{p.get('mean_length', 0):.0f} | {vids} |")
     lines += ["", f"![success per task]({png.name})", ""]
+    if metrics.get("checkpoints"):
+        lines += _series_section(out, metrics["checkpoints"])
     path = out / "report.md"
     path.write_text("\n".join(lines))
+    return path
+
+
+def checkpoint_entry(checkpoint: str, step: int, metrics: Mapping[str, Any], step_source: str = "name"
+                     ) -> dict[str, Any]:
+    """One checkpoint's row of a several-checkpoint evaluation (``metrics["checkpoints"]``).
+
+    ``ci``/``heldout_ci`` are 95% Wilson intervals of the mean success over tasks, from the
+    episodes of all tasks pooled (every task has the same number of episodes).
+    """
+    per = metrics["per_task"]
+
+    def pooled(split: str) -> list[float] | None:
+        parts = [p if split == "train" else p.get(split) for p in per.values()]
+        parts = [q for q in parts if q and "success_rate" in q]
+        if not parts:
+            return None
+        k = sum(round(q["success_rate"] * q["episodes"]) for q in parts)
+        return list(wilson_interval(k, sum(q["episodes"] for q in parts)))
+
+    entry = {"checkpoint": str(checkpoint), "step": int(step), "step_source": step_source,
+             "success_rate": metrics.get("success_rate"), "ci": pooled("train"),
+             "heldout_paraphrase_success_rate": metrics.get("heldout_paraphrase_success_rate"),
+             "heldout_ci": pooled("heldout"), "per_task": metrics["per_task"],
+             "episodes_per_task": metrics.get("episodes_per_task"), "wall_time_s": metrics.get("wall_time_s", 0.0)}
+    if "custom_instruction_success_rate" in metrics:
+        entry["custom_instruction_success_rate"] = metrics["custom_instruction_success_rate"]
+    return entry
+
+
+def _series_section(out: Path, entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Report section of a several-checkpoint evaluation: the success curve and its table."""
+    png = plot_success_curve(out / "success_curve.png", entries)
+
+    def cell(rate: float | None, ci: Sequence[float] | None) -> str:
+        if rate is None:
+            return "–"
+        return f"{100 * rate:.0f}%" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
+
+    lines = ["## Success vs training step", "",
+             f"{len(entries)} checkpoints, each evaluated with the same seeds; the tables above are the last one "
+             f"(step {entries[-1]['step']}). Intervals: 95% Wilson, episodes of all tasks pooled.", "",
+             f"![success vs training step]({png.name})", "",
+             "| step | training paraphrases (95% CI) | held-out paraphrases (95% CI) | checkpoint |",
+             "|---|---|---|---|"]
+    for e in entries:
+        lines.append(f"| {e['step']} | {cell(e.get('success_rate'), e.get('ci'))} | "
+                     f"{cell(e.get('heldout_paraphrase_success_rate'), e.get('heldout_ci'))} | `{e['checkpoint']}` |")
+    return lines + [""]
+
+
+def plot_success_curve(path: Path, entries: Sequence[Mapping[str, Any]]) -> Path:
+    """Mean success vs training step (training and held-out paraphrases) with 95% CI bands."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    steps = np.array([e["step"] for e in entries])
+    for key, ci_key, label, color in (("success_rate", "ci", "training paraphrases", "tab:blue"),
+                                      ("heldout_paraphrase_success_rate", "heldout_ci", "held-out paraphrases",
+                                       "tab:orange")):
+        pts = [(s, e[key], e.get(ci_key)) for s, e in zip(steps, entries) if e.get(key) is not None]
+        if not pts:
+            continue
+        x = [s for s, _, _ in pts]
+        ax.plot(x, [v for _, v, _ in pts], "o-", color=color, label=label)
+        if all(ci for _, _, ci in pts):
+            ax.fill_between(x, [ci[0] for _, _, ci in pts], [ci[1] for _, _, ci in pts], color=color, alpha=0.15)
+    by_index = any(e.get("step_source") == "index" for e in entries)
+    ax.set_xlabel("checkpoint (position in the list)" if by_index else "training step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylim(-0.03, 1.05)  # markers at 0 stay visible
+    ax.set_ylabel("mean success rate (95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path
 
 

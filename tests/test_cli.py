@@ -70,6 +70,8 @@ def test_eval_custom_instructions_file(tmp_path):
     (("train", "policy.sampler=rk4"), "sampler"),
     (("eval", "suite=manipulaton"), "manipulation"),
     (("eval", "checkpoint=/nonexistent/ckpt"), "/nonexistent/ckpt"),
+    (("eval", "checkpoint=/nonexistent/a", "checkpoints=[/nonexistent/b]"), "checkpoints"),
+    (("train", "snapshot_every=-1"), "snapshot_every"),
 ])
 def test_bad_config_names_the_field(tmp_path, args, needle):
     r = embodied(*args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, check=False)
@@ -123,3 +125,93 @@ def test_train_eval_play_resume(tmp_path):
     r = embodied("eval", f"checkpoint={run}/checkpoint", "suite=navigation", "episodes=1",
                  f"hydra.run.dir={tmp_path}/bad", cwd=tmp_path, check=False)
     assert r.returncode != 0 and "does not match" in r.stderr
+
+
+def test_snapshot_is_atomic_and_never_overwritten(tmp_path):
+    from embodied.commands.train import _snapshot
+
+    class FakePolicy:
+        saves = 0
+
+        def save(self, path):
+            FakePolicy.saves += 1
+            Path(path).mkdir(parents=True)
+            (Path(path) / "model.safetensors").write_text(str(FakePolicy.saves))
+
+    # a leftover temp dir from a crash is replaced, and never looks like a snapshot
+    (tmp_path / "checkpoints" / ".step_0000010.tmp").mkdir(parents=True)
+    _snapshot(FakePolicy(), 10, tmp_path)
+    _snapshot(FakePolicy(), 10, tmp_path)  # exists already (resumed run): kept as it is
+    assert FakePolicy.saves == 1
+    assert (tmp_path / "checkpoints/step_0000010/model.safetensors").read_text() == "1"
+    assert [d.name for d in (tmp_path / "checkpoints").iterdir()] == ["step_0000010"]
+
+
+def test_eval_checkpoint_series_bad_inputs(tmp_path):
+    from embodied.commands.eval import EvalConfig, resolve_checkpoints
+
+    (tmp_path / "empty").mkdir()
+    r = embodied("eval", f"checkpoint={tmp_path}/empty", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, check=False)
+    assert r.returncode != 0
+    assert f"{tmp_path}/empty" in r.stderr and "empty folder" in r.stderr and "step_*" in r.stderr, r.stderr[-2000:]
+
+    (tmp_path / "junk/other").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"junk.*neither a checkpoint nor a folder of step_\* checkpoints"):
+        resolve_checkpoints(EvalConfig(checkpoint=str(tmp_path / "junk")))
+    (tmp_path / "series/step_0000005").mkdir(parents=True)  # a step_* folder without the checkpoint files
+    with pytest.raises(ValueError, match=r"step_0000005.*config.json"):
+        resolve_checkpoints(EvalConfig(checkpoint=str(tmp_path / "series")))
+    with pytest.raises(ValueError, match=r"checkpoints: .*junk.* is not a checkpoint"):
+        resolve_checkpoints(EvalConfig(checkpoints=[str(tmp_path / "junk")]))
+    with pytest.raises(FileNotFoundError, match="missing"):
+        resolve_checkpoints(EvalConfig(checkpoints=[str(tmp_path / "missing")]))
+
+
+@pytest.mark.slow
+def test_train_snapshots_then_eval_success_curve(tmp_path):
+    run = tmp_path / "train"
+    common = ("tasks=[reach]", "demos=2", f"dataset={tmp_path}/ds", "batch_size=8", "snapshot_every=2",
+              "save_every=3", "eval_episodes=1", "num_envs=1", "videos=0", "threads=1", f"hydra.run.dir={run}")
+    embodied("train", "steps=5", *common, cwd=tmp_path)
+    snaps = run / "checkpoints"
+    # every multiple of snapshot_every and the final step; policy only (no optimiser state)
+    assert sorted(d.name for d in snaps.iterdir()) == ["step_0000002", "step_0000004", "step_0000005"]
+    for d in snaps.iterdir():
+        assert (d / "model.safetensors").is_file() and (d / "config.json").is_file()
+        assert not (d / "trainer_state.pt").exists()
+    kept = {d.name: (d / "model.safetensors").stat().st_mtime_ns for d in snaps.iterdir()}
+    # resuming adds the new snapshots and leaves the existing ones alone
+    embodied("train", "steps=8", *common, cwd=tmp_path)
+    assert sorted(d.name for d in snaps.iterdir()) == sorted([*kept, "step_0000006", "step_0000008"])
+    assert all((snaps / n / "model.safetensors").stat().st_mtime_ns == t for n, t in kept.items())
+
+    ev = tmp_path / "eval"
+    embodied("eval", f"checkpoint={snaps}", "tasks=[reach]", "episodes=2", "num_envs=2", "videos=1",
+             f"hydra.run.dir={ev}", cwd=tmp_path)
+    m = json.loads((ev / "metrics.json").read_text())
+    entries = m["checkpoints"]
+    assert [e["step"] for e in entries] == [2, 4, 5, 6, 8]  # parsed from the names, increasing
+    assert [Path(e["checkpoint"]).name for e in entries] == [f"step_{s:07d}" for s in (2, 4, 5, 6, 8)]
+    for e in entries:
+        assert set(e["per_task"]) == {"reach"} and e["per_task"]["reach"]["episodes"] == 2
+        for rate, ci in ((e["success_rate"], e["ci"]), (e["heldout_paraphrase_success_rate"], e["heldout_ci"])):
+            assert 0 <= ci[0] <= rate <= ci[1] <= 1
+    # the top-level keys describe the last (highest-step) checkpoint ...
+    last = entries[-1]
+    for key in ("success_rate", "heldout_paraphrase_success_rate", "per_task"):
+        assert m[key] == last[key]
+    assert m["wall_time_s"] > 0 and m["policy"] == last["checkpoint"] and m["videos"]
+    # ... and match an evaluation of that checkpoint alone (same seeds and settings)
+    embodied("eval", f"checkpoint={last['checkpoint']}", "tasks=[reach]", "episodes=2", "num_envs=2", "videos=0",
+             f"hydra.run.dir={tmp_path}/one", cwd=tmp_path)
+    one = json.loads((tmp_path / "one/metrics.json").read_text())
+    assert "checkpoints" not in one
+    for a, b in ((one["per_task"]["reach"], m["per_task"]["reach"]),
+                 (one["per_task"]["reach"]["heldout"], m["per_task"]["reach"]["heldout"])):
+        assert (a["success_rate"], a["episodes"]) == (b["success_rate"], b["episodes"])
+
+    assert (ev / "success_curve.png").stat().st_size > 0
+    report = (ev / "report.md").read_text()
+    assert "## Success vs training step" in report and "![success vs training step](success_curve.png)" in report
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "step_" in line]
+    assert [int(r.split("|")[1]) for r in rows] == [2, 4, 5, 6, 8]

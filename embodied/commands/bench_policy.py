@@ -73,7 +73,8 @@ def bench_policies(cfg: Any, tasks: list[str]) -> dict[str, Any]:
         if not path:
             tc = TrainConfig(suite=cfg.suite, tasks=list(cfg.tasks), policy={"name": name}, steps=cfg.policy_train_steps,
                              demos=cfg.policy_demos, eval_episodes=cfg.policy_eval_episodes, videos=0,
-                             dataset=cfg.policy_dataset, seed=cfg.seed, progress=False)
+                             dataset=cfg.policy_dataset, seed=cfg.seed, progress=False,
+                             snapshot_every=0)  # throwaway policies: no checkpoints/step_* copies
             log.info("training %s (%d steps) on %s", name, tc.steps, cfg.policy_dataset or "the default dataset")
             m = train(tc, out / name)
             results["training"][name] = {k: m[k] for k in ("train_samples_per_s", "train_time_s", "parameters")}

@@ -4,15 +4,20 @@
     embodied eval checkpoint=outputs/train/.../checkpoint suite=manipulation episodes=50
     embodied eval checkpoint=... tasks=[pick] '+instructions.pick=["lift the red cube please"]'
     embodied eval checkpoint=... instructions_file=my_wording.yaml   # task -> [templates]
+    embodied eval checkpoint=outputs/train/.../checkpoints episodes=20  # every step_* snapshot: success vs step
 
 Writes ``metrics.json``, ``report.md``, ``success.png`` and videos (one success and one
-failure per task) to ``hydra.run.dir``.
+failure per task) to ``hydra.run.dir``. Several checkpoints (a folder of ``step_*``
+checkpoints, or ``checkpoints=[A,B,...]``) are evaluated one at a time with the same seeds;
+``metrics.json`` then lists each under ``checkpoints`` (top-level keys: the highest step),
+``success_curve.png`` plots success vs training step and the report tabulates it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +39,8 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=list)  # overrides suite when given
     # policy=expert (config group configs/policy/); a checkpoint=PATH replaces it.
     policy: dict[str, Any] = field(default_factory=lambda: {"name": "expert"})
-    checkpoint: str = ""
+    checkpoint: str = ""  # a checkpoint, or a folder of step_* checkpoints (RUN/checkpoints)
+    checkpoints: list[str] = field(default_factory=list)  # several checkpoints, evaluated one after the other
     episodes: int = 20  # per task and instruction split
     splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
     instructions: dict[str, list[str]] = field(default_factory=dict)  # task -> your own templates
@@ -55,7 +61,11 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         name = self.policy.get("name")
-        if not self.checkpoint and name != "expert":
+        if self.checkpoint and self.checkpoints:
+            raise ValueError("give checkpoint=PATH or checkpoints=[PATH,...], not both")
+        if any(not str(c).strip() for c in self.checkpoints):
+            raise ValueError(f"checkpoints must be checkpoint paths, got an empty one in {self.checkpoints}")
+        if not self.checkpoint and not self.checkpoints and name != "expert":
             raise ValueError(f"policy={name!r} cannot be evaluated without weights: give checkpoint=PATH "
                              "(the output of `embodied train`), or use policy=expert")
         if self.episodes < 1:
@@ -114,6 +124,71 @@ def swapped_instructions(tasks: list[str]) -> dict[str, list[str]]:
     return out
 
 
+STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def _is_checkpoint(path: Path, partial: bool = False) -> bool:
+    """Whether ``path`` holds a checkpoint's files (all of them; with ``partial``, any)."""
+    from policies.common.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+
+    have = [(path / f).is_file() for f in (CONFIG_FILE, WEIGHTS_FILE)]
+    return any(have) if partial else all(have)
+
+
+def checkpoint_step(path: str | Path, index: int) -> tuple[int, str]:
+    """(training step, where it came from) of a checkpoint: its ``step_N`` name, else the
+    ``step`` in its ``trainer_state.pt``, else ``index`` (its position in the list)."""
+    p = Path(path)
+    m = STEP_DIR.fullmatch(p.name)
+    if m:
+        return int(m.group(1)), "name"
+    if (p / "trainer_state.pt").is_file():
+        import torch
+
+        try:
+            state = torch.load(p / "trainer_state.pt", map_location="cpu", weights_only=True)
+            return int(state["step"]), "trainer_state"
+        except Exception as e:  # unreadable or no step: fall back to the list position
+            log.warning("%s: no step in trainer_state.pt (%s); using its position %d", p, e, index)
+    return index, "index"
+
+
+def resolve_checkpoints(cfg: EvalConfig) -> list[tuple[str, int, str]] | None:
+    """The checkpoints of a several-checkpoint evaluation as (path, step, step source), by
+    increasing step; None when ``cfg`` asks for one checkpoint (or the experts)."""
+    allowed = ("a checkpoint folder (config.json + model.safetensors, e.g. RUN/checkpoint) or a folder of "
+               "step_* checkpoints (e.g. RUN/checkpoints, written by `embodied train snapshot_every=N`)")
+    if cfg.checkpoints:
+        paths = [Path(c) for c in cfg.checkpoints]
+        for p in paths:
+            if not p.exists():
+                raise FileNotFoundError(f"checkpoints: {str(p)!r} does not exist")
+            if not _is_checkpoint(p):
+                raise ValueError(f"checkpoints: {str(p)!r} is not a checkpoint folder (config.json + "
+                                 "model.safetensors); give checkpoint=FOLDER for a folder of step_* checkpoints")
+    elif cfg.checkpoint:
+        root = Path(cfg.checkpoint)
+        if not root.exists():
+            raise FileNotFoundError(f"checkpoint {cfg.checkpoint!r} does not exist; checkpoint= takes {allowed}")
+        if root.is_dir() and _is_checkpoint(root, partial=True):
+            return None  # one checkpoint (load_policy names any file it lacks)
+        subdirs = sorted(d for d in root.iterdir() if d.is_dir() and STEP_DIR.fullmatch(d.name)) \
+            if root.is_dir() else []
+        if not subdirs:
+            what = "is an empty folder" if root.is_dir() and not any(root.iterdir()) else \
+                "is neither a checkpoint nor a folder of step_* checkpoints"
+            raise ValueError(f"checkpoint {cfg.checkpoint!r} {what}; checkpoint= takes {allowed}")
+        bad = [d.name for d in subdirs if not _is_checkpoint(d)]
+        if bad:
+            raise ValueError(f"checkpoint {cfg.checkpoint!r}: {bad} lack config.json/model.safetensors "
+                             "(not complete checkpoints): move them away or list the good ones in checkpoints=[...]")
+        paths = subdirs
+    else:
+        return None
+    found = [(str(p), *checkpoint_step(p, i)) for i, p in enumerate(paths)]
+    return sorted(found, key=lambda c: c[1])  # stable: equal steps keep the given order
+
+
 def load_for_eval(checkpoint: str, device: str = "auto", num_inference_steps: int = 0) -> Any:
     from policies import load_policy
 
@@ -146,9 +221,47 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
         if instructions:
             raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
         instructions = swapped_instructions(tasks)
+    series = resolve_checkpoints(cfg) if policy is None else None
+    if series:
+        return _run_series(cfg, out, tasks, instructions, series)
+    metrics, results = _evaluate_one(cfg, tasks, instructions, cfg.checkpoint, cfg.videos, policy)
+    videos = save_videos(out, results) if cfg.videos else {}
+    metrics["videos"] = videos
+    metrics["policy"] = cfg.checkpoint or cfg.policy["name"]
+    write_json(out / "metrics.json", metrics)
+    write_report(out, metrics, f"Evaluation of {metrics['policy']}", videos)
+    return metrics
+
+
+def _run_series(cfg: EvalConfig, out: Path, tasks: list[str], instructions: dict[str, list[str]],
+                series: list[tuple[str, int, str]]) -> dict[str, Any]:
+    """Evaluate each checkpoint (same seeds and settings); the top-level metrics are the last one's."""
+    from embodied.evaluate import checkpoint_entry
+
+    entries, metrics, results = [], {}, {}
+    for k, (path, step, source) in enumerate(series):
+        last = k == len(series) - 1
+        log.info("checkpoint %d/%d: %s (step %d)", k + 1, len(series), path, step)
+        metrics, results = _evaluate_one(cfg, tasks, instructions, path, cfg.videos if last else 0)
+        entries.append(checkpoint_entry(path, step, metrics, step_source=source))
+        log.info("step %d: success %.3f, held-out %s", step, metrics["success_rate"] or 0,
+                 metrics["heldout_paraphrase_success_rate"])
+    videos = save_videos(out, results) if cfg.videos else {}
+    metrics["videos"] = videos
+    metrics["policy"] = series[-1][0]
+    metrics["checkpoints"] = entries
+    metrics["total_wall_time_s"] = sum(e["wall_time_s"] for e in entries)
+    write_json(out / "metrics.json", metrics)
+    write_report(out, metrics, f"Evaluation of {cfg.checkpoint or 'checkpoints'} ({len(series)} checkpoints)", videos)
+    return metrics
+
+
+def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, list[str]], checkpoint: str,
+                  videos: int, policy: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One evaluation of ``policy``, else of ``checkpoint``, else of the experts."""
     env_kwargs: dict[str, Any] = {}
-    if policy is None and cfg.checkpoint:
-        policy = load_for_eval(cfg.checkpoint, cfg.device, cfg.num_inference_steps)
+    if policy is None and checkpoint:
+        policy = load_for_eval(checkpoint, cfg.device, cfg.num_inference_steps)
     if policy is None:
         policy = "expert"
     else:
@@ -156,20 +269,13 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     vector = cfg.vector if cfg.vector != "auto" else ("async" if env_kwargs.get("obs_mode", "state") != "state"
                                                       else "sync")
     if cfg.runner == "ray":
-        if not cfg.checkpoint and policy != "expert":
+        if not checkpoint and policy != "expert":
             raise ValueError("runner=ray loads the policy on each worker from checkpoint=PATH; this policy has none")
-        metrics, results = evaluate_ray(PolicySource(cfg.checkpoint, cfg.device, cfg.num_inference_steps), tasks,
-                                        cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
-                                        instructions, cfg.videos, cfg.progress, ray_options(cfg))
-    else:
-        metrics, results = evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
-                                    env_kwargs, instructions, cfg.videos, cfg.progress)
-    videos = save_videos(out, results) if cfg.videos else {}
-    metrics["videos"] = videos
-    metrics["policy"] = cfg.checkpoint or cfg.policy["name"]
-    write_json(out / "metrics.json", metrics)
-    write_report(out, metrics, f"Evaluation of {metrics['policy']}", videos)
-    return metrics
+        return evaluate_ray(PolicySource(checkpoint, cfg.device, cfg.num_inference_steps), tasks,
+                            cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
+                            instructions, videos, cfg.progress, ray_options(cfg))
+    return evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
+                    env_kwargs, instructions, videos, cfg.progress)
 
 
 def log_table(metrics: dict[str, Any]) -> None:

@@ -8,7 +8,9 @@ Steps: (1) collect scripted demonstrations into ``dataset`` unless it already ho
 enough (collection resumes); (2) train with AdamW + cosine schedule + EMA, logging to
 TensorBoard (``tb/``) with a progress bar, evaluating every ``eval_every`` steps and
 saving ``checkpoint/`` (policy) + ``trainer_state.pt`` (optimiser, step) every
-``save_every`` steps; (3) evaluate on training and held-out paraphrases, writing
+``save_every`` steps, and keeping a copy of the policy in ``checkpoints/step_XXXXXXX/``
+every ``snapshot_every`` steps and at the last step (``embodied eval checkpoint=RUN/checkpoints``
+draws success vs training step from them); (3) evaluate on training and held-out paraphrases, writing
 ``metrics.json``, ``report.md``, ``success.png``, ``training_curve.png`` and videos.
 Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint.
 
@@ -56,6 +58,7 @@ class TrainConfig:
     eval_episodes: int = 50  # final evaluation, per task and split
     eval_seed: int = 100_000
     save_every: int = 1000
+    snapshot_every: int = 4000  # keep checkpoints/step_XXXXXXX/ (policy only) every N steps and at the end; 0: never
     num_envs: int = 10
     videos: int = 2
     seed: int = 0
@@ -67,8 +70,9 @@ class TrainConfig:
         for name in ("demos", "steps", "batch_size", "eval_episodes", "save_every", "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.eval_every < 0:
-            raise ValueError(f"eval_every must be >= 0, got {self.eval_every}")
+        for name in ("eval_every", "snapshot_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.obs_mode not in ("state", "pixels"):
             raise ValueError(f"obs_mode must be 'state' or 'pixels', got {self.obs_mode!r}")
         if "name" not in self.policy:
@@ -155,6 +159,21 @@ def _save(policy: Any, opt: Any, sched: Any, step: int, curve: list[Any], out: P
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _snapshot(policy: Any, step: int, out: Path) -> None:
+    """Keep the policy at ``step`` (weights + config, no optimiser) in ``checkpoints/step_XXXXXXX/``.
+
+    Written atomically (temp dir, then rename); an existing snapshot is left alone, so a
+    resumed run does not overwrite the ones it already has.
+    """
+    final = out / "checkpoints" / f"step_{step:07d}"
+    if final.exists():
+        return
+    tmp = final.parent / f".{final.name}.tmp"  # not matched by step_*
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save(str(tmp))
+    os.replace(tmp, final)
 
 
 def plot_curve(path: Path, losses: list[tuple[int, float]], curve: list[dict[str, Any]]) -> None:
@@ -262,6 +281,8 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
                 log.info("step %d/%d loss %.4f (%.0f s)", step + 1, cfg.steps, logs["loss"], time.time() - t_train)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 periodic_eval(step + 1)
+            if cfg.snapshot_every and (step + 1) % cfg.snapshot_every == 0:
+                _snapshot(policy, step + 1, out)  # before _save: a crash in between still resumes to it
             if (step + 1) % cfg.save_every == 0:
                 _save(policy, opt, sched, step + 1, curve, out)
         step = cfg.steps
@@ -273,6 +294,8 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
         bar.close()
     train_time = time.time() - t_train
     samples_per_s = (cfg.steps - start_step) * cfg.batch_size / max(train_time, 1e-9)
+    if cfg.snapshot_every:
+        _snapshot(policy, cfg.steps, out)
     _save(policy, opt, sched, cfg.steps, curve, out)
 
     policy.eval()
