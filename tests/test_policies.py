@@ -227,7 +227,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("family,field,value", [
-    ("flow", "horizon", 4),  # < n_action_steps (8)
+    ("flow", "horizon", 3),  # < n_action_steps (4)
     ("flow", "n_action_steps", 0),
     ("flow", "n_obs_steps", 0),
     ("flow", "num_inference_steps", 0),
@@ -319,3 +319,24 @@ def test_lr_schedule_warms_up_then_decays():
         sched.step()
     peak = policy.config.lr
     assert lrs[0] < 0.2 * peak and max(lrs) == pytest.approx(peak) and lrs[-1] < 0.01 * peak
+
+
+@pytest.mark.parametrize("name", ["flow", "diffusion", "mlp"])
+def test_policy_yaml_lists_every_config_field_with_its_default(name):
+    """configs/policy/<name>.yaml mirrors the dataclass, so `policy.<field>=v` works for every field."""
+    import dataclasses
+    from pathlib import Path
+
+    import yaml
+
+    from policies import config_class
+
+    text = (Path(__file__).resolve().parents[1] / "configs" / "policy" / f"{name}.yaml").read_text()
+    values = yaml.safe_load(text)
+    assert values.pop("name") == name
+    default = config_class(name)()
+    fields = {f.name for f in dataclasses.fields(default)}
+    assert set(values) == fields, f"missing {fields - set(values)}, unknown {set(values) - fields}"
+    for key, value in values.items():
+        want = getattr(default, key)
+        assert (list(want) if isinstance(want, tuple) else want) == value, key

@@ -21,6 +21,7 @@ seen), so the policy learns what the words mean rather than one sentence per tas
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -103,6 +104,12 @@ class Batcher:
         if key not in self._cache:
             self._cache[key] = self.templates[self.task_of[ep]][k].format(**self.params[ep])
         return self._cache[key]
+
+    def all_instructions(self) -> list[str]:
+        """Every instruction a batch can hold (each episode's parameters x its task's templates)."""
+        seen = {(self.task_of[e], json.dumps(self.params[e], sort_keys=True, default=str)): e
+                for e in range(len(self.task_of))}
+        return sorted({self.instruction(e, k) for e in seen.values() for k in range(len(self.templates[self.task_of[e]]))})
 
     def sample(self, batch_size: int) -> dict[str, Any]:
         from embodied.data import sample_windows
@@ -242,6 +249,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     log.info("%s policy, %.2fM parameters, device %s", name, n_params / 1e6, policy.device)
 
     batcher = Batcher(ds, tasks, policy.n_obs_steps, policy.horizon, cfg.obs_mode == "pixels", cfg.seed + start_step)
+    policy.prepare_instructions(batcher.all_instructions())  # embed them all at once, not step by step
     from torch.utils.tensorboard import SummaryWriter
 
     tb = SummaryWriter(str(out / "tb"))

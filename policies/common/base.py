@@ -118,7 +118,7 @@ class TorchPolicy(Policy, nn.Module):
         self.normalizer = Normalizer(stats, obs_spec.state_dim, action_spec)
         obs = ObsEncoder(obs_spec.state_dim, config.n_obs_steps, config.state_hidden, config.obs_dim,
                          config.state_layers, config.text_dim if config.text_film else 0, len(self.cameras),
-                         config.image_keypoints, config.crop_pad)
+                         config.image_keypoints, config.crop_pad, config.image_channels)
         text = TextPool(self.text.dim, config.text_dim, config.text_pool, config.text_queries)
         self.model = nn.ModuleDict({"obs": obs, "text": text,
                                     "head": self.build_head(config.obs_dim + config.text_dim)})
@@ -215,6 +215,14 @@ class TorchPolicy(Policy, nn.Module):
         return torch.cat([feats, text], dim=-1)
 
     # ---- public API ---------------------------------------------------------------------
+    def prepare_instructions(self, instructions: Sequence[str]) -> None:
+        """Embed (and cache) these instructions now, in one batch, instead of as batches meet them."""
+        if self.config.text_encoder == "onehot" or not instructions:
+            return
+        self.text.embed(list(instructions))
+        if self.config.text_pool == "attention":
+            self.text.embed_tokens(list(instructions))
+
     @torch.no_grad()
     def encode_obs(self, obs_batch: Mapping[str, Any]) -> torch.Tensor:
         """Conditioning features (B, C) of the inference weights for an observation batch."""

@@ -56,6 +56,9 @@ class PolicyConfig:
         state_layers: hidden layers of the state MLP (each FiLM-modulated by the text).
         obs_dim: size of the observation feature vector.
         image_keypoints: spatial-softmax keypoints per camera (pixels only).
+        image_channels: width of the conv trunk (its first two layers; the last two have twice
+            as many). 16 trains ~3x faster on a CPU than 32 (0.12 s vs 0.33 s forward+backward
+            for 64 frames of 64x64 on one thread); raise it on a GPU.
         crop_pad: random-shift augmentation in pixels (0 turns it off; pixels only).
         text_encoder: ``"minilm"`` (frozen all-MiniLM-L6-v2, 384-d, offline), ``"openclip"``
             (frozen open_clip text tower from ``openclip_checkpoint``) or ``"onehot"``
@@ -77,13 +80,14 @@ class PolicyConfig:
     """
 
     n_obs_steps: int = 2
-    horizon: int = 16
-    n_action_steps: int = 8
+    horizon: int = 8
+    n_action_steps: int = 4
     obs_mode: str = "state"
     state_hidden: int = 512
     state_layers: int = 2
     obs_dim: int = 256
     image_keypoints: int = 32
+    image_channels: int = 16
     crop_pad: int = 4
     text_encoder: str = "minilm"
     text_dim: int = 64
@@ -112,6 +116,10 @@ class PolicyConfig:
         check_choice("obs_mode", self.obs_mode, OBS_MODES)
         for name in ("state_hidden", "state_layers", "obs_dim", "image_keypoints", "text_dim"):
             check_int(name, getattr(self, name), 1)
+        check_int("image_channels", self.image_channels, 8)
+        if self.image_channels % 8:
+            raise ValueError(f"image_channels={self.image_channels} is not allowed: must be a multiple of 8 "
+                             f"(GroupNorm with 8 groups)")
         check_int("crop_pad", self.crop_pad, 0)
         check_choice("text_encoder", self.text_encoder, TEXT_ENCODERS)
         check_choice("text_pool", self.text_pool, TEXT_POOLS)

@@ -136,13 +136,14 @@ class ObsEncoder(nn.Module):
         n_layers: hidden layers of the state MLP.
         text_dim: size of the text features (0: no FiLM).
         n_cameras: cameras encoded (0 for state-only policies); one CNN is shared by all.
-        keypoints, crop_pad: image-encoder settings.
+        keypoints, crop_pad, image_channels: image-encoder settings.
     """
 
     def __init__(self, state_dim: int, n_obs_steps: int, hidden: int, out_dim: int, n_layers: int = 2,
-                 text_dim: int = 0, n_cameras: int = 0, keypoints: int = 32, crop_pad: int = 4) -> None:
+                 text_dim: int = 0, n_cameras: int = 0, keypoints: int = 32, crop_pad: int = 4,
+                 image_channels: int = 16) -> None:
         super().__init__()
-        self.image = ImageEncoder(keypoints, crop_pad) if n_cameras else None
+        self.image = ImageEncoder(keypoints, crop_pad, image_channels) if n_cameras else None
         per_step = state_dim + (n_cameras * self.image.out_dim if self.image is not None else 0)
         dims = [n_obs_steps * per_step] + [hidden] * n_layers
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))

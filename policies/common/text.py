@@ -92,29 +92,35 @@ def _load_minilm():
 
 
 class MiniLMEmbedder(TextEmbedder):
+    """all-MiniLM-L6-v2: one forward pass gives both the token vectors and the pooled vector
+    (mean over tokens, L2-normalised: the model's own pooling)."""
+
     name, dim = "minilm", MINILM_DIM
 
     def __init__(self) -> None:
         super().__init__()
         self._token_cache: dict[str, torch.Tensor] = {}
 
-    def _encode(self, texts: list[str]) -> torch.Tensor:
+    def _fill(self, texts: Sequence[str]) -> None:
+        missing = sorted({s for s in texts if s not in self._token_cache})
+        if not missing:
+            return
         model = _load_minilm()
         with torch.no_grad():
-            out = model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True,
+            out = model.encode(missing, batch_size=64, output_value=None, normalize_embeddings=True,
                                show_progress_bar=False)
-        return torch.from_numpy(np.asarray(out, dtype=np.float32))
+        for s, o in zip(missing, out):
+            n = int(o["attention_mask"].sum())  # the batch is padded to its longest instruction
+            self._token_cache[s] = torch.as_tensor(o["token_embeddings"][:n], dtype=torch.float32).cpu()
+            self._cache[s] = torch.as_tensor(o["sentence_embedding"], dtype=torch.float32).cpu()
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
+        self._fill(texts)
+        return torch.stack([self._cache[s] for s in texts])
 
     def embed_tokens(self, instructions: Sequence[str],
                      tasks: Sequence[str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        missing = sorted({s for s in instructions if s not in self._token_cache})
-        if missing:
-            model = _load_minilm()
-            with torch.no_grad():
-                out = model.encode(missing, batch_size=64, output_value="token_embeddings",
-                                   show_progress_bar=False)
-            for s, v in zip(missing, out):
-                self._token_cache[s] = torch.as_tensor(v, dtype=torch.float32).cpu()
+        self._fill(instructions)
         seqs = [self._token_cache[s] for s in instructions]
         tokens = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
         lengths = torch.tensor([len(t) for t in seqs])
