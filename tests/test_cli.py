@@ -215,3 +215,22 @@ def test_train_snapshots_then_eval_success_curve(tmp_path):
     assert "## Success vs training step" in report and "![success vs training step](success_curve.png)" in report
     rows = [line for line in report.splitlines() if line.startswith("| ") and "step_" in line]
     assert [int(r.split("|")[1]) for r in rows] == [2, 4, 5, 6, 8]
+
+
+def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
+    import dataclasses
+
+    from embodied import registry
+    from embodied.commands.train import RECIPE, TrainConfig, apply_recipe
+    from embodied.registry import get_suite
+
+    mt = get_suite("metaworld-mt10").train_defaults
+    cfg = apply_recipe(TrainConfig(suite="metaworld-mt10"))
+    assert cfg.demos == mt["demos"] != RECIPE["demos"] and cfg.eval_episodes == mt["eval_episodes"]
+    assert apply_recipe(TrainConfig(suite="metaworld-mt10", demos=7)).demos == 7  # the user's value wins
+    plain = apply_recipe(TrainConfig(suite="manipulation", demo_noise=0.0))
+    assert plain.demos == RECIPE["demos"] and plain.demo_noise == 0.0
+    bad = dataclasses.replace(get_suite("manipulation"), name="_bad_recipe", train_defaults={"demoz": 3})
+    monkeypatch.setitem(registry._SUITES, "_bad_recipe", bad)  # removed again after the test
+    with pytest.raises(ValueError, match="demoz"):
+        apply_recipe(TrainConfig(suite="_bad_recipe"))

@@ -50,13 +50,14 @@ class TrainConfig:
     image_size: int = 64
     cameras: list[str] = field(default_factory=list)
     dataset: str = ""  # default data/<suite>-<obs_mode>; collected when it holds too few episodes
-    demos: int = 400  # demonstrations per task
-    demo_noise: float = 0.1  # noise on executed expert actions while collecting (recovery data)
+    # unset (null): the suite's recipe (SuiteSpec.train_defaults), else RECIPE below
+    demos: int | None = None  # demonstrations per task
+    demo_noise: float | None = None  # noise on executed expert actions while collecting (recovery data)
     steps: int = 16000  # gradient steps
     batch_size: int = 128
     eval_every: int = 0  # steps between periodic evaluations (0: final only)
     eval_episodes_periodic: int = 10  # per task, training paraphrases
-    eval_episodes: int = 50  # final evaluation, per task and split
+    eval_episodes: int | None = None  # final evaluation, per task and split
     eval_seed: int = 100_000
     save_every: int = 1000
     snapshot_every: int = 4000  # keep checkpoints/step_XXXXXXX/ (policy only) every N steps and at the end; 0: never
@@ -69,7 +70,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("demos", "steps", "batch_size", "eval_episodes", "save_every", "num_envs"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "snapshot_every"):
             if getattr(self, name) < 0:
@@ -80,6 +81,26 @@ class TrainConfig:
             raise ValueError("policy needs a name: policy=flow | diffusion | mlp")
         if self.policy["name"] == "expert":
             raise ValueError("policy=expert has nothing to train: use policy=flow, diffusion or mlp")
+
+
+#: Settings a suite's recipe may set (``SuiteSpec.train_defaults``) and their fallbacks.
+RECIPE: dict[str, Any] = {"demos": 400, "demo_noise": 0.1, "eval_episodes": 50}
+
+
+def apply_recipe(cfg: TrainConfig) -> TrainConfig:
+    """Fill the unset recipe fields of ``cfg`` from its suite's ``train_defaults``, then ``RECIPE``."""
+    import dataclasses
+
+    from embodied.registry import get_suite
+
+    suite = get_suite(cfg.suite).train_defaults
+    unknown = sorted(set(suite) - set(RECIPE))
+    if unknown:
+        raise ValueError(f"suite {cfg.suite!r} train_defaults has unknown field(s) {unknown}; allowed: {sorted(RECIPE)}")
+    values = {k: suite.get(k, v) if getattr(cfg, k) is None else getattr(cfg, k) for k, v in RECIPE.items()}
+    if not 0.0 <= values["demo_noise"] <= 1.0:
+        raise ValueError(f"demo_noise must be in [0, 1], got {values['demo_noise']}")
+    return dataclasses.replace(cfg, **values)
 
 
 class Batcher:
@@ -216,6 +237,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     from policies import load_policy, make_config, make_policy
 
     t_start = time.time()
+    cfg = apply_recipe(cfg)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
     torch.manual_seed(cfg.seed)
     tasks = resolve_tasks(cfg.suite, cfg.tasks)
@@ -313,6 +335,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     videos = save_videos(out, results) if cfg.videos else {}
     metrics.update({
         "policy": name, "suite": cfg.suite, "obs_mode": cfg.obs_mode, "steps": cfg.steps,
+        "batch_size": cfg.batch_size, "demos": cfg.demos, "demo_noise": cfg.demo_noise,
         "checkpoint": str(ckpt), "videos": videos, "success_curve": curve,
         "final_loss": losses[-1][1] if losses else None, "parameters": n_params,
         "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,

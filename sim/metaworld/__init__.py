@@ -21,5 +21,8 @@ for _name in ALL_TASKS:
         max_episode_steps=DEFAULT_MAX_EPISODE_STEPS, description=DESCRIPTIONS[_name],
     ))
 
-MT10_SUITE = register_suite(SuiteSpec("metaworld-mt10", MT10, "Meta-World v3 MT10: ten tasks"))
-MT50_SUITE = register_suite(SuiteSpec("metaworld-mt50", MT50, "Meta-World v3 MT50: all fifty tasks"))
+# Training recipe: 50 scripted demonstrations and 20 evaluation episodes per task, the
+# protocol of the MLP baseline this suite is compared against (see the README).
+MT_TRAIN = {"demos": 50, "eval_episodes": 20}
+MT10_SUITE = register_suite(SuiteSpec("metaworld-mt10", MT10, "Meta-World v3 MT10: ten tasks", MT_TRAIN))
+MT50_SUITE = register_suite(SuiteSpec("metaworld-mt50", MT50, "Meta-World v3 MT50: all fifty tasks", MT_TRAIN))
