@@ -125,7 +125,9 @@ def run_episodes(
     seeds = list(seeds)
     num_envs = max(1, min(int(num_envs), len(seeds)))
     cls = gym.vector.AsyncVectorEnv if vector == "async" and num_envs > 1 else gym.vector.SyncVectorEnv
-    kw = {"context": "spawn"} if cls is gym.vector.AsyncVectorEnv else {}  # fork + GL/torch threads can deadlock
+    # spawn: fork + GL/torch threads can deadlock. No shared memory: gymnasium writes a Text space
+    # (the instruction) into shared memory as a string of "a"s, so the policy would never see it.
+    kw = {"context": "spawn", "shared_memory": False} if cls is gym.vector.AsyncVectorEnv else {}
     envs = cls([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.DISABLED, **kw)
     results: list[EpisodeResult | None] = [None] * len(seeds)
     slot = [-1] * num_envs  # index into seeds of the episode each env plays, -1 = idle
