@@ -234,3 +234,17 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     monkeypatch.setitem(registry._SUITES, "_bad_recipe", bad)  # removed again after the test
     with pytest.raises(ValueError, match="demoz"):
         apply_recipe(TrainConfig(suite="_bad_recipe"))
+
+
+def test_collect_refuses_to_mix_action_noise_settings(tmp_path):
+    from embodied.commands.collect import collect
+    from embodied.data import Dataset
+
+    out = tmp_path / "demos"
+    collect(["reach"], out, 1, "state", 64, [], action_noise=0.0, progress=False)
+    assert [m["action_noise"] for m in Dataset.open(out).episodes_meta] == [0.0]
+    with pytest.raises(ValueError, match="action_noise"):
+        collect(["reach"], out, 2, "state", 64, [], action_noise=0.3, progress=False)
+    assert len(Dataset.open(out)) == 1  # nothing recorded under the other setting
+    collect(["reach"], out, 2, "state", 64, [], action_noise=0.0, progress=False)  # same setting resumes
+    assert len(Dataset.open(out)) == 2

@@ -114,7 +114,7 @@ def expert_episodes(env: Any, task: str, seeds: Iterable[int], features: dict[st
         rng = np.random.default_rng([ep_seed, 1])
         obs, reset_info = env.reset(seed=ep_seed)
         rec.start(task=task, seed=ep_seed, instruction=obs["instruction"], instruction_split="train",
-                  params=reset_info.get("params", {}))
+                  params=reset_info.get("params", {}), action_noise=float(action_noise))
         while True:
             action = u.expert_action()
             executed = action
@@ -167,6 +167,11 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
     probe.close()
     ds = Dataset.create(out, features, info, exist_ok=True)
     have = Counter(m.get("task") for m in ds.episodes_meta)
+    other = sorted({m["action_noise"] for m in ds.episodes_meta
+                    if m.get("task") in tasks and m.get("action_noise", action_noise) != action_noise})
+    if other:  # resuming would mix demonstrations of two recipes in one dataset
+        raise ValueError(f"dataset {out} holds demonstrations recorded with action_noise={other}, not "
+                         f"{action_noise}: give another out=/dataset= path for these settings")
     todo = {t: max(0, episodes - have[t]) for t in tasks}
     first_seed = {}
     for ti, task in enumerate(tasks):
