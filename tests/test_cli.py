@@ -248,3 +248,19 @@ def test_collect_refuses_to_mix_action_noise_settings(tmp_path):
     assert len(Dataset.open(out)) == 1  # nothing recorded under the other setting
     collect(["reach"], out, 2, "state", 64, [], action_noise=0.0, progress=False)  # same setting resumes
     assert len(Dataset.open(out)) == 2
+
+
+def test_eval_spec_mismatch_names_the_tasks_the_checkpoint_knows():
+    from embodied.commands.eval import policy_env_kwargs
+    from embodied.errors import SpecMismatchError
+    from embodied.registry import make_env
+    from policies import make_policy
+
+    env = make_env("reach-v3")
+    policy = make_policy("flow", {"state_hidden": 16, "obs_dim": 8, "text_dim": 8, "hidden": 16},
+                         env.unwrapped.observation_spec, env.unwrapped.action_spec, None,
+                         task_names=["reach-v3"], device="cpu")
+    env.close()
+    assert policy_env_kwargs(policy, ["reach-v3"]) == {"obs_mode": "state"}
+    with pytest.raises(SpecMismatchError, match=r"trained on tasks \[reach-v3\].*suite="):
+        policy_env_kwargs(policy, ["reach"])  # a manipulation task: the suite was not given

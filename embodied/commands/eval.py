@@ -205,10 +205,21 @@ def policy_env_kwargs(policy: Any, tasks: list[str]) -> dict[str, Any]:
 
     spec = policy.obs_spec
     kw = env_kwargs(policy.config.obs_mode, spec.image_size, list(spec.cameras))
+    from embodied.errors import SpecMismatchError
+
     for t in tasks:
         env = make_env(t, **kw)
-        policy.check_spec(env.unwrapped.observation_spec, env.unwrapped.action_spec)
-        env.close()
+        try:
+            policy.check_spec(env.unwrapped.observation_spec, env.unwrapped.action_spec)
+        except SpecMismatchError as e:
+            trained = list(getattr(policy, "task_names", []) or [])
+            if trained and t not in trained:  # most likely the suite was not given
+                shown = ", ".join(trained[:8]) + (", ..." if len(trained) > 8 else "")
+                raise SpecMismatchError(f"{e} -- this checkpoint was trained on tasks [{shown}]: pass the "
+                                        f"matching suite=... or tasks=[...] (task {t!r} is not one of them)") from None
+            raise
+        finally:
+            env.close()
     return kw
 
 
