@@ -14,6 +14,10 @@ draws success vs training step from them); (3) evaluate on training and held-out
 ``metrics.json``, ``report.md``, ``success.png``, ``training_curve.png`` and videos.
 Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint.
 
+``demos``, ``demo_noise`` and ``eval_episodes`` left unset come from the suite's recipe
+(``SuiteSpec.train_defaults``; e.g. navigation: 800 demos at noise 0.3, Meta-World: 50
+demos and 20 evaluation episodes), else from ``RECIPE``.
+
 Instructions are re-sampled during training: each window gets a random *training*
 paraphrase of its task, filled with the episode's parameters (held-out ones are never
 seen), so the policy learns what the words mean rather than one sentence per task.
