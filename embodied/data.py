@@ -42,10 +42,13 @@ _META_KEY = "__meta__"
 
 
 def features_for(obs_spec: ObservationSpec, action_spec: ActionSpec,
-                 reward_terms: Sequence[str] = (), pixels: bool = True) -> dict[str, tuple[str, tuple[int, ...]]]:
+                 reward_terms: Sequence[str] = (), pixels: bool = True,
+                 privileged_dim: int = 0) -> dict[str, tuple[str, tuple[int, ...]]]:
     """The features spec for a task: state, action, reward, its terms and (optionally) cameras.
 
     One camera is stored as ``image``, several as ``images/<cam>`` (as in observations).
+    ``privileged_dim > 0`` adds ``privileged_state`` (the full state vector, recorded beside
+    the pixels of a pixel dataset as a training-only target).
     """
     f: dict[str, tuple[str, tuple[int, ...]]] = {
         "state": ("float32", (obs_spec.state_dim,)), "action": ("float32", (action_spec.dim,)),
@@ -55,6 +58,8 @@ def features_for(obs_spec: ObservationSpec, action_spec: ActionSpec,
         hw3 = (obs_spec.image_size, obs_spec.image_size, 3)
         cams = obs_spec.cameras
         f.update({"image": ("uint8", hw3)} if len(cams) <= 1 else {f"images/{c}": ("uint8", hw3) for c in cams})
+    if privileged_dim > 0:
+        f["privileged_state"] = ("float32", (int(privileged_dim),))
     return f
 
 

@@ -229,3 +229,11 @@ class TaskEnv(gym.Env):
     @property
     def success(self) -> bool:
         return self._evaluate()[0]
+
+    def privileged_state(self) -> np.ndarray:
+        """The full state vector (the ``obs_mode="state"`` layout), whatever the observation mode.
+
+        Pixel datasets record it beside the images as ``privileged_state`` so that a pixel
+        policy can learn to locate objects from an auxiliary loss; a policy never sees it.
+        """
+        return np.array(self._state(), dtype=np.float32)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SMALL = os.environ.get("EMBODIED_SLOW_BUDGET", "full") == "small" or os.environ.get("CI") == "true"
@@ -248,6 +249,34 @@ def test_collect_refuses_to_mix_action_noise_settings(tmp_path):
     assert len(Dataset.open(out)) == 1  # nothing recorded under the other setting
     collect(["reach"], out, 2, "state", 64, [], action_noise=0.0, progress=False)  # same setting resumes
     assert len(Dataset.open(out)) == 2
+
+
+def test_pixel_collection_keeps_the_full_state_and_train_uses_it(tmp_path):
+    """Pixel demos record ``privileged_state`` (the step's full state, beside its image);
+    ``train`` turns the pixel policy's auxiliary loss on from it, and off for older datasets."""
+    from embodied.commands.collect import collect
+    from embodied.commands.train import _with_aux_state
+    from embodied.data import Dataset
+    from embodied.registry import make_env
+    from policies import make_config
+
+    out = tmp_path / "px"
+    collect(["push"], out, 1, "pixels", 16, [], progress=False)
+    ds = Dataset.open(out)
+    ep = ds[0]
+    full = make_env("push").unwrapped.observation_spec.state_dim
+    assert ds.features["privileged_state"]["shape"] == [full]
+    assert ep["privileged_state"].shape == (len(ep["action"]), full)
+    np.testing.assert_allclose(ep["privileged_state"][:, :4], ep["state"])  # the proprio part is the state
+    assert np.ptp(ep["privileged_state"][:, 4:13], axis=0).max() > 0.01  # the pushed block moves
+    pcfg = make_config("flow", {"obs_mode": "pixels"})
+    assert _with_aux_state(pcfg, ds).aux_state_dim == full
+    assert _with_aux_state(make_config("flow", {"obs_mode": "pixels", "aux_state_weight": 0.0}), ds).aux_state_dim == 0
+    old = tmp_path / "old"  # a pixel dataset recorded before privileged_state existed
+    Dataset.create(old, {k: (v["dtype"], v["shape"]) for k, v in ds.features.items() if k != "privileged_state"})
+    assert _with_aux_state(pcfg, Dataset.open(old)).aux_state_dim == 0
+    collect(["push"], old, 1, "pixels", 16, [], progress=False)  # appending keeps the old format
+    assert "privileged_state" not in Dataset.open(old).features and len(Dataset.open(old)) == 1
 
 
 def test_eval_spec_mismatch_names_the_tasks_the_checkpoint_knows():

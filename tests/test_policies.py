@@ -308,6 +308,58 @@ def test_pixel_policy_with_random_shift():
         make_policy("flow", {"obs_mode": "pixels"}, OBS_SPEC, ACTION_SPEC, None)
 
 
+def test_pixel_policy_learns_privileged_state_from_images(tmp_path):
+    """The auxiliary loss regresses the current step's full state from the image features.
+
+    A bright pixel sits at a random place in each image; its (row, col) is the privileged
+    state. Training on the aux loss alone must bring it well below the untrained loss, its
+    gradient must reach the conv trunk, and the head must survive a checkpoint round-trip.
+    """
+    spec = ObservationSpec(state_dim=4, cameras=("front",), image_size=16)
+    stats = {**STATS, "state": {k: v[:4] for k, v in STATS["state"].items()},
+             "privileged_state": {"mean": np.full(2, 7.5), "std": np.full(2, 4.6), "min": np.zeros(2),
+                                  "max": np.full(2, 15.0)}}
+    torch.manual_seed(0)
+    cfg = {**VARIANTS["flow"][1], "obs_mode": "pixels", "image_keypoints": 8, "aux_state_dim": 2, "crop_pad": 0,
+           "lr": 3e-3}
+    policy = make_policy("flow", cfg, spec, ACTION_SPEC, stats, device="cpu")
+    rng = np.random.default_rng(0)
+
+    def batch(n: int) -> dict:
+        pos = rng.integers(0, 16, size=(n, 2))
+        img = np.zeros((n, TO, 16, 16, 3), np.uint8)
+        img[np.arange(n), :, pos[:, 0], pos[:, 1]] = 255
+        return {"state": np.zeros((n, TO, 4), np.float32), "image": img, "instruction": ["lift"] * n,
+                "action": torch.zeros(n, H, DA),
+                "privileged_state": np.repeat(pos[:, None].astype(np.float32), TO, 1)}
+
+    loss, logs = policy.compute_loss(batch(8))
+    assert {"aux_state_loss", "action_loss"} <= set(logs)
+    assert logs["loss"] == pytest.approx(logs["action_loss"] + logs["aux_state_loss"], rel=1e-5)
+    loss.backward()
+    assert policy.model["obs"].image.trunk[0].weight.grad.abs().sum() > 0
+    opt = policy.make_optimizer()
+    aux_losses = []
+    for _ in range(150):  # the aux loss alone: the action target is constant anyway
+        b = batch(32)
+        _, pred = policy._encode(policy.model, policy._read_obs(b, "batch"), aux=True)
+        aux = torch.nn.functional.mse_loss(pred, policy._aux_target(b, 32))
+        opt.zero_grad()
+        aux.backward()
+        opt.step()
+        aux_losses.append(aux.item())
+    assert np.mean(aux_losses[-10:]) < 0.5 * np.mean(aux_losses[:10])
+    # without the privileged state the loss is the action loss alone
+    no_priv = {k: v for k, v in batch(4).items() if k != "privileged_state"}
+    assert "aux_state_loss" not in policy.compute_loss(no_priv)[1]
+    policy.save(str(tmp_path / "ckpt"))
+    again = load_policy(str(tmp_path / "ckpt"), device="cpu")
+    assert again.config.aux_state_dim == 2
+    torch.testing.assert_close(again.normalizer.privileged_mean, policy.normalizer.privileged_mean)
+    with pytest.raises(ValueError, match="aux_state_dim"):
+        make_config("flow", {"aux_state_dim": 3})  # a state policy has no images to train
+
+
 def test_lr_schedule_warms_up_then_decays():
     policy = build("flow", warmup_steps=10)
     opt = policy.make_optimizer()

@@ -110,12 +110,15 @@ def expert_episodes(env: Any, task: str, seeds: Iterable[int], features: dict[st
     held = _Held(features)
     rec = EpisodeRecorder(held)  # type: ignore[arg-type]
     u = env.unwrapped
+    privileged = "privileged_state" in features
     for ep_seed in seeds:
         rng = np.random.default_rng([ep_seed, 1])
         obs, reset_info = env.reset(seed=ep_seed)
         rec.start(task=task, seed=ep_seed, instruction=obs["instruction"], instruction_split="train",
                   params=reset_info.get("params", {}), action_noise=float(action_noise))
         while True:
+            if privileged:  # the full state of the step the action is taken in
+                obs = {**obs, "privileged_state": u.privileged_state()}
             action = u.expert_action()
             executed = action
             if action_noise > 0:
@@ -160,7 +163,13 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
     kw = env_kwargs(obs_mode, image_size, cameras)
     probe = make_env(tasks[0], **kw)
     terms = reward_term_names(tasks)
-    features = features_for(probe.unwrapped.observation_spec, probe.unwrapped.action_spec, terms)
+    # pixel datasets also keep the full state: a training-only target (the policy never reads it)
+    privileged_dim = len(probe.unwrapped.privileged_state()) if obs_mode == "pixels" else 0
+    if privileged_dim and (Path(out) / "meta.json").exists() and \
+            "privileged_state" not in Dataset.open(out).features:
+        privileged_dim = 0  # an older pixel dataset: keep appending in its own format
+    features = features_for(probe.unwrapped.observation_spec, probe.unwrapped.action_spec, terms,
+                            privileged_dim=privileged_dim)
     info = {"suite": suite, "tasks": list(tasks), "obs_mode": obs_mode,
             "observation_spec": probe.unwrapped.observation_spec.to_dict(),
             "action_spec": probe.unwrapped.action_spec.to_dict(), "reward_terms": terms}

@@ -115,10 +115,10 @@ class TorchPolicy(Policy, nn.Module):
         self.cameras = tuple(obs_spec.cameras) if config.obs_mode == "pixels" else ()
         self.text = make_text_embedder(config.text_encoder, self.task_names, config.openclip_model,
                                        config.openclip_checkpoint)
-        self.normalizer = Normalizer(stats, obs_spec.state_dim, action_spec)
+        self.normalizer = Normalizer(stats, obs_spec.state_dim, action_spec, config.aux_state_dim)
         obs = ObsEncoder(obs_spec.state_dim, config.n_obs_steps, config.state_hidden, config.obs_dim,
                          config.state_layers, config.text_dim if config.text_film else 0, len(self.cameras),
-                         config.image_keypoints, config.crop_pad, config.image_channels)
+                         config.image_keypoints, config.crop_pad, config.image_channels, config.aux_state_dim)
         text = TextPool(self.text.dim, config.text_dim, config.text_pool, config.text_queries)
         self.model = nn.ModuleDict({"obs": obs, "text": text,
                                     "head": self.build_head(config.obs_dim + config.text_dim)})
@@ -204,15 +204,19 @@ class TorchPolicy(Policy, nn.Module):
             raise ValueError("noise has non-finite values")
         return t
 
-    def _encode(self, model: nn.ModuleDict, obs: dict[str, Any]) -> torch.Tensor:
+    def _encode(self, model: nn.ModuleDict, obs: dict[str, Any], aux: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Conditioning features (B, C); with ``aux`` also the predicted privileged state."""
         pooled = self.text.embed(obs["instruction"], obs["task"]).to(self.device)
         if self.config.text_pool == "attention":
             tokens, mask = self.text.embed_tokens(obs["instruction"], obs["task"])
             text = model["text"](pooled, tokens.to(self.device), mask.to(self.device))
         else:
             text = model["text"](pooled)
-        feats = model["obs"](self.normalizer.normalize_state(obs["state"]), obs["images"], text)
-        return torch.cat([feats, text], dim=-1)
+        out = model["obs"](self.normalizer.normalize_state(obs["state"]), obs["images"], text, aux=aux)
+        if aux:
+            return torch.cat([out[0], text], dim=-1), out[1]
+        return torch.cat([out, text], dim=-1)
 
     # ---- public API ---------------------------------------------------------------------
     def prepare_instructions(self, instructions: Sequence[str]) -> None:
@@ -276,7 +280,10 @@ class TorchPolicy(Policy, nn.Module):
             batch: the ``predict_chunk`` observation keys plus ``action`` (B, H, Da) float32
                 in env units and optionally ``action_is_pad`` (B, H) bool, True where the
                 chunk runs past the episode end (left out of the loss when
-                ``config.mask_padding``; see ``embodied.data.sample_windows``).
+                ``config.mask_padding``; see ``embodied.data.sample_windows``), and
+                ``privileged_state`` (B, To, Dp): with ``config.aux_state_dim`` a pixel
+                policy also learns to predict it (the current step's) from its image
+                features, weighted by ``config.aux_state_weight``.
         """
         obs = self._read_obs(batch, "batch")
         if "action" not in batch:
@@ -285,8 +292,25 @@ class TorchPolicy(Policy, nn.Module):
         _check_shape(action, "batch['action']", (obs["state"].shape[0], *self.noise_shape), "B,H,Da")
         action = self.normalizer.normalize_action(action.to(self.device, torch.float32))
         weight = self._loss_weight(batch, action)
-        loss, logs = self.head_loss(self.model, self._encode(self.model, obs), action, weight)
-        return loss, {"loss": float(loss.detach()), **logs}
+        aux_target = self._aux_target(batch, obs["state"].shape[0])
+        if aux_target is None:
+            loss, logs = self.head_loss(self.model, self._encode(self.model, obs), action, weight)
+            return loss, {"loss": float(loss.detach()), **logs}
+        cond, aux_pred = self._encode(self.model, obs, aux=True)
+        loss, logs = self.head_loss(self.model, cond, action, weight)
+        aux_loss = torch.nn.functional.mse_loss(aux_pred, aux_target)
+        total = loss + self.config.aux_state_weight * aux_loss
+        return total, {"loss": float(total.detach()), **logs, "action_loss": float(loss.detach()),
+                       "aux_state_loss": float(aux_loss.detach())}
+
+    def _aux_target(self, batch: Mapping[str, Any], b: int) -> torch.Tensor | None:
+        """Normalised privileged state of the current step (B, Dp), when the loss applies."""
+        c = self.config
+        if not c.aux_state_dim or not c.aux_state_weight or batch.get("privileged_state") is None:
+            return None
+        p = _as_tensor(batch["privileged_state"], "batch['privileged_state']")
+        _check_shape(p, "batch['privileged_state']", (b, self.n_obs_steps, c.aux_state_dim), "B,To,Dp")
+        return self.normalizer.normalize_privileged(p[:, -1].to(self.device, torch.float32))
 
     def _loss_weight(self, batch: Mapping[str, Any], action: torch.Tensor) -> torch.Tensor | None:
         """(B, H, 1) weights that drop padded actions from the loss (``mask_padding``)."""

@@ -60,6 +60,11 @@ class PolicyConfig:
             as many). 16 trains ~3x faster on a CPU than 32 (0.12 s vs 0.33 s forward+backward
             for 64 frames of 64x64 on one thread); raise it on a GPU.
         crop_pad: random-shift augmentation in pixels (0 turns it off; pixels only).
+        aux_state_dim: size of the privileged (full) state that a pixel policy learns to
+            predict from its image features, an auxiliary loss that teaches the keypoints to
+            find the objects (0: off). ``embodied train`` sets it from a pixel dataset's
+            ``privileged_state`` feature; the policy never reads that state as input.
+        aux_state_weight: weight of that auxiliary loss (0 turns it off in ``embodied train``).
         text_encoder: ``"minilm"`` (frozen all-MiniLM-L6-v2, 384-d, offline), ``"openclip"``
             (frozen open_clip text tower from ``openclip_checkpoint``) or ``"onehot"``
             (task id from ``obs["task"]``; no language).
@@ -89,6 +94,8 @@ class PolicyConfig:
     image_keypoints: int = 32
     image_channels: int = 16
     crop_pad: int = 4
+    aux_state_dim: int = 0
+    aux_state_weight: float = 1.0
     text_encoder: str = "minilm"
     text_dim: int = 64
     text_pool: str = "attention"
@@ -121,6 +128,11 @@ class PolicyConfig:
             raise ValueError(f"image_channels={self.image_channels} is not allowed: must be a multiple of 8 "
                              f"(GroupNorm with 8 groups)")
         check_int("crop_pad", self.crop_pad, 0)
+        check_int("aux_state_dim", self.aux_state_dim, 0)
+        check_float("aux_state_weight", self.aux_state_weight, 0.0)
+        if self.aux_state_dim and self.obs_mode != "pixels":
+            raise ValueError(f"aux_state_dim={self.aux_state_dim} is not allowed with obs_mode={self.obs_mode!r}: "
+                             "the auxiliary state loss trains image features (obs_mode='pixels'); use 0")
         check_choice("text_encoder", self.text_encoder, TEXT_ENCODERS)
         check_choice("text_pool", self.text_pool, TEXT_POOLS)
         check_int("text_queries", self.text_queries, 1)

@@ -137,13 +137,17 @@ class ObsEncoder(nn.Module):
         text_dim: size of the text features (0: no FiLM).
         n_cameras: cameras encoded (0 for state-only policies); one CNN is shared by all.
         keypoints, crop_pad, image_channels: image-encoder settings.
+        aux_dim: size of the privileged state predicted from the current step's image
+            features by ``self.aux`` (an MLP; 0: none). Its loss is added in training only.
     """
 
     def __init__(self, state_dim: int, n_obs_steps: int, hidden: int, out_dim: int, n_layers: int = 2,
                  text_dim: int = 0, n_cameras: int = 0, keypoints: int = 32, crop_pad: int = 4,
-                 image_channels: int = 16) -> None:
+                 image_channels: int = 16, aux_dim: int = 0) -> None:
         super().__init__()
         self.image = ImageEncoder(keypoints, crop_pad, image_channels) if n_cameras else None
+        self.aux = (mlp(n_cameras * self.image.out_dim, 256, aux_dim)
+                    if aux_dim and self.image is not None else None)
         per_step = state_dim + (n_cameras * self.image.out_dim if self.image is not None else 0)
         dims = [n_obs_steps * per_step] + [hidden] * n_layers
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
@@ -154,8 +158,12 @@ class ObsEncoder(nn.Module):
         self.out_dim = out_dim
 
     def forward(self, state: torch.Tensor, images: list[torch.Tensor] | None = None,
-                text: torch.Tensor | None = None) -> torch.Tensor:
-        """state (B, To, Ds) normalised; images: per camera uint8 (B, To, H, W, 3); text (B, text_dim)."""
+                text: torch.Tensor | None = None, aux: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """state (B, To, Ds) normalised; images: per camera uint8 (B, To, H, W, 3); text (B, text_dim).
+
+        ``aux=True`` also returns the predicted (normalised) privileged state (B, aux_dim).
+        """
         feats = [state]
         if self.image is not None:
             if not images:
@@ -163,6 +171,11 @@ class ObsEncoder(nn.Module):
             for frames in images:
                 b, to = frames.shape[:2]
                 feats.append(self.image(frames.reshape(b * to, *frames.shape[2:])).view(b, to, -1))
+        aux_pred = None
+        if aux:
+            if self.aux is None:
+                raise ValueError("this encoder has no auxiliary state head (aux_dim=0 or no cameras)")
+            aux_pred = self.aux(torch.cat([f[:, -1] for f in feats[1:]], dim=-1))
         h = torch.cat(feats, dim=-1).flatten(1)
         film = self.film(text).chunk(2 * len(self.layers), dim=-1) if self.film is not None else None
         for i, layer in enumerate(self.layers):
@@ -170,4 +183,5 @@ class ObsEncoder(nn.Module):
             if film is not None:
                 h = h * (1 + film[2 * i]) + film[2 * i + 1]
             h = F.mish(h)
-        return self.out(h)
+        out = self.out(h)
+        return (out, aux_pred) if aux else out

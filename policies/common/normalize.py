@@ -37,15 +37,17 @@ class Normalizer(nn.Module):
 
     Args:
         stats: dataset statistics ``{feature: {"mean", "std", "min", "max"}}`` with features
-            ``"state"`` (Ds values each) and ``"action"`` (Da values each). ``None`` (or a
+            ``"state"`` (Ds values each), ``"action"`` (Da values each) and, with
+            ``privileged_dim``, ``"privileged_state"``. ``None`` (or a
             missing feature) means identity for the state and the spec's bounds for the
             action -- what a checkpoint is built with before its buffers are loaded.
         state_dim: Ds.
         action_spec: the action spec (Da and bounds).
+        privileged_dim: size of the full state a pixel policy predicts (0: none).
     """
 
     def __init__(self, stats: Mapping[str, Mapping[str, Any]] | None, state_dim: int,
-                 action_spec: ActionSpec) -> None:
+                 action_spec: ActionSpec, privileged_dim: int = 0) -> None:
         super().__init__()
         stats = stats or {}
         da = action_spec.dim
@@ -66,6 +68,19 @@ class Normalizer(nn.Module):
         self.register_buffer("state_std", std)
         self.register_buffer("action_centre", centre)
         self.register_buffer("action_half_range", half)
+        if privileged_dim:  # the auxiliary target of pixel policies (``privileged_state``)
+            if "privileged_state" in stats:
+                f = "privileged_state"
+                pmean = _vector(stats[f], f, "mean", privileged_dim)
+                pstd = _vector(stats[f], f, "std", privileged_dim).clamp_min(MIN_STD)
+            else:
+                pmean, pstd = torch.zeros(privileged_dim), torch.ones(privileged_dim)
+            self.register_buffer("privileged_mean", pmean)
+            self.register_buffer("privileged_std", pstd)
+
+    def normalize_privileged(self, state: torch.Tensor) -> torch.Tensor:
+        """(..., Dp) privileged state in env units -> standardised (needs ``privileged_dim``)."""
+        return (state - self.privileged_mean) / self.privileged_std
 
     def normalize_state(self, state: torch.Tensor) -> torch.Tensor:
         """(..., Ds) env units -> standardised."""

@@ -39,7 +39,7 @@ class ManipulationEnv(TaskEnv):
     xml = SCENE_XML
     n_substeps = 10  # 10 x 5 ms = 50 ms per control step
     action_names = ("dx", "dy", "dz", "gripper")
-    default_cameras = ("front", "top", "side")
+    default_cameras = ("side", "front", "top")  # side first: sees all three blocks unoccluded
     render_camera = "front"
     proprio_dims = 4
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}

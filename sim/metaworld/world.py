@@ -197,6 +197,10 @@ class MetaWorldEnv(gym.Env):
         """Meta-World's success flag after the last step (False right after reset)."""
         return self._success
 
+    def privileged_state(self) -> np.ndarray:
+        """The full 39-d Meta-World observation, whatever the observation mode (see ``TaskEnv``)."""
+        return self._raw.astype(np.float32)
+
     # ------------------------------------------------------------- rendering
     def _obs(self) -> dict[str, Any]:
         state = self._raw.astype(np.float32)
