@@ -2,6 +2,7 @@
 
 import sim  # noqa: F401  (configures headless GL before mujoco is imported)
 
+import re
 import subprocess
 import sys
 import warnings
@@ -45,6 +46,28 @@ def test_registration_does_not_import_metaworld():
             "get_suite('metaworld-mt50'); assert 'metaworld' not in sys.modules, 'imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# Words that only held-out wordings used when the split was made (before training wordings
+# were added). No training wording of any task may use one: the held-out split measures
+# words the policy has never been trained on, and added training wordings must not leak them.
+HELDOUT_ONLY_WORDS = frozenset("""
+along arm aside avoid bang bear below between brew brewer brush cabinet catch cavity come control crank
+depress dip direction disengage dish downward drops effector end engage espresso extend extract facing fall
+fingers fish flask flip flush football force frame free give glide goalposts goes guide handled haul hinged
+hoist home horizontally inside latch laterally lay leaves let location mallet mark marked mount neighbouring
+nudge obstacle opening picked pin pivot placing point poke post rack release relocate rim rod round running
+sash seal second secure shelve shift shoot sink sits slot small socket spot steer store straight strike
+switch thread transport unmount upright wide wield without work yank""".split())
+
+
+def test_training_wordings_never_use_heldout_only_words():
+    leaks = {(task, s): sorted(set(re.findall(r"[a-z]+", s.lower())) & HELDOUT_ONLY_WORDS)
+             for task, (train, _) in INSTRUCTIONS.items() for s in train}
+    leaks = {k: v for k, v in leaks.items() if v}
+    assert not leaks, f"training wordings use held-out-only words: {leaks}"
+    heldout_words = {w for _, held in INSTRUCTIONS.values() for s in held for w in re.findall(r"[a-z]+", s.lower())}
+    assert HELDOUT_ONLY_WORDS <= heldout_words  # the list names words of the held-out split
 
 
 @pytest.mark.parametrize("task", ALL_TASKS)
