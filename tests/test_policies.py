@@ -360,6 +360,28 @@ def test_pixel_policy_learns_privileged_state_from_images(tmp_path):
         make_config("flow", {"aux_state_dim": 3})  # a state policy has no images to train
 
 
+def test_token_dropout_hides_words_in_training_only():
+    from policies.common.encoders import TextPool
+
+    torch.manual_seed(0)
+    pooled, tokens = torch.randn(4, 12), torch.randn(4, 6, 12)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    pool = TextPool(12, 8, "attention", token_dropout=0.5)
+    pool.train()
+    assert not torch.equal(pool(pooled, tokens, mask), pool(pooled, tokens, mask))  # other words hidden
+    pool.eval()
+    torch.testing.assert_close(pool(pooled, tokens, mask), pool(pooled, tokens, mask))
+    only_first = mask.clone()
+    only_first[:, 1:] = False  # a one-token instruction keeps its token: never an empty attention
+    pool.train()
+    assert torch.isfinite(pool(pooled, tokens, only_first)).all()
+    plain = TextPool(12, 8, "attention")
+    plain.train()
+    torch.testing.assert_close(plain(pooled, tokens, mask), plain(pooled, tokens, mask))
+    with pytest.raises(ValueError, match="text_token_dropout"):
+        make_config("flow", {"text_token_dropout": 1.0})
+
+
 def test_lr_schedule_warms_up_then_decays():
     policy = build("flow", warmup_steps=10)
     opt = policy.make_optimizer()

@@ -89,12 +89,15 @@ class TextPool(nn.Module):
     also ``queries`` learned queries attend over the layer-normed contextual token vectors
     (masked softmax), and the attended values join e before the projection. The tokens keep
     who-does-what ("the red block on the green block") that mean pooling blurs.
+    ``token_dropout``: in training, each token but the first is hidden from the attention
+    with this probability, so that no single word carries the instruction (word dropout).
     """
 
     def __init__(self, in_dim: int, out_dim: int, pool: str = "attention", queries: int = 4,
-                 key_dim: int = 64) -> None:
+                 key_dim: int = 64, token_dropout: float = 0.0) -> None:
         super().__init__()
         self.pool = pool
+        self.token_dropout = token_dropout
         extra = 0
         if pool == "attention":
             self.norm = nn.LayerNorm(in_dim)
@@ -111,6 +114,10 @@ class TextPool(nn.Module):
         if self.pool == "attention":
             if tokens is None or mask is None:
                 raise ValueError("attention pooling needs the instruction's token vectors and mask")
+            if self.training and self.token_dropout > 0:  # hide random words; [CLS] (first) stays
+                keep = torch.rand(mask.shape, device=mask.device) >= self.token_dropout
+                keep[:, 0] = True
+                mask = mask & keep
             t = self.norm(tokens)
             k, v = self.key(t), self.value(t)
             logits = torch.einsum("qd,bld->bql", self.queries, k) / k.shape[-1] ** 0.5
