@@ -222,7 +222,7 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     import dataclasses
 
     from embodied import registry
-    from embodied.commands.train import RECIPE, TrainConfig, apply_recipe
+    from embodied.commands.train import PIXEL_RECIPE, RECIPE, TrainConfig, apply_recipe
     from embodied.registry import get_suite
 
     mt = get_suite("metaworld-mt10").train_defaults
@@ -231,10 +231,23 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     assert apply_recipe(TrainConfig(suite="metaworld-mt10", demos=7)).demos == 7  # the user's value wins
     plain = apply_recipe(TrainConfig(suite="manipulation", demo_noise=0.0))
     assert plain.demos == RECIPE["demos"] and plain.demo_noise == 0.0
+    assert plain.steps == RECIPE["steps"] and plain.batch_size == RECIPE["batch_size"]
+    pixels = apply_recipe(TrainConfig(obs_mode="pixels", policy={"name": "flow", "n_obs_steps": 2, "horizon": 16}))
+    assert (pixels.demos, pixels.batch_size, pixels.steps) == (PIXEL_RECIPE["demos"], PIXEL_RECIPE["batch_size"],
+                                                               PIXEL_RECIPE["steps"])
+    assert pixels.policy == {"name": "flow", "n_obs_steps": 1, "horizon": 16}  # left at the default: the recipe's
+    kept = apply_recipe(TrainConfig(obs_mode="pixels", batch_size=32, policy={"name": "flow", "n_obs_steps": 3}))
+    assert kept.batch_size == 32 and kept.policy["n_obs_steps"] == 3  # the user's values win
+    mt_px = apply_recipe(TrainConfig(suite="metaworld-mt10", obs_mode="pixels"))
+    assert mt_px.demos == mt["demos"] and mt_px.batch_size == PIXEL_RECIPE["batch_size"]  # suite over pixel recipe
     bad = dataclasses.replace(get_suite("manipulation"), name="_bad_recipe", train_defaults={"demoz": 3})
     monkeypatch.setitem(registry._SUITES, "_bad_recipe", bad)  # removed again after the test
     with pytest.raises(ValueError, match="demoz"):
         apply_recipe(TrainConfig(suite="_bad_recipe"))
+    bad_policy = dataclasses.replace(bad, name="_bad_policy_recipe", train_defaults={"policy": {"hiden": 3}})
+    monkeypatch.setitem(registry._SUITES, "_bad_policy_recipe", bad_policy)
+    with pytest.raises(ValueError, match="hiden"):
+        apply_recipe(TrainConfig(suite="_bad_policy_recipe"))
 
 
 def test_collect_refuses_to_mix_action_noise_settings(tmp_path):

@@ -57,8 +57,8 @@ class TrainConfig:
     # unset (null): the suite's recipe (SuiteSpec.train_defaults), else RECIPE below
     demos: int | None = None  # demonstrations per task
     demo_noise: float | None = None  # noise on executed expert actions while collecting (recovery data)
-    steps: int = 16000  # gradient steps
-    batch_size: int = 128
+    steps: int | None = None  # gradient steps
+    batch_size: int | None = None
     eval_every: int = 0  # steps between periodic evaluations (0: final only)
     eval_episodes_periodic: int = 10  # per task, training paraphrases
     eval_episodes: int | None = None  # final evaluation, per task and split
@@ -87,24 +87,47 @@ class TrainConfig:
             raise ValueError("policy=expert has nothing to train: use policy=flow, diffusion or mlp")
 
 
-#: Settings a suite's recipe may set (``SuiteSpec.train_defaults``) and their fallbacks.
-RECIPE: dict[str, Any] = {"demos": 400, "demo_noise": 0.1, "eval_episodes": 50}
+#: Settings a recipe may set and their fallbacks. ``policy``: policy fields, applied to those
+#: the user left at their default (``policy.<field>=value`` given explicitly still wins,
+#: unless it equals the default).
+RECIPE: dict[str, Any] = {"demos": 400, "demo_noise": 0.1, "eval_episodes": 50, "steps": 16000,
+                          "batch_size": 128, "policy": {}}
+#: Pixel observations (``obs_mode=pixels``), over ``RECIPE``: 200 demos per task, batch 64,
+#: 15k steps, one frame of history. On the manipulation suite (side camera, 64 px, auxiliary
+#: state loss) this reached 76.8% (70.0% held-out) in 28.6 CPU-minutes, training and evaluation.
+PIXEL_RECIPE: dict[str, Any] = {"demos": 200, "steps": 15000, "batch_size": 64, "policy": {"n_obs_steps": 1}}
 
 
 def apply_recipe(cfg: TrainConfig) -> TrainConfig:
-    """Fill the unset recipe fields of ``cfg`` from its suite's ``train_defaults``, then ``RECIPE``."""
+    """Fill the unset recipe fields of ``cfg``: from its suite's ``train_defaults``, else from
+    ``PIXEL_RECIPE`` for pixel observations, else from ``RECIPE``."""
     import dataclasses
 
     from embodied.registry import get_suite
+    from policies import config_class
 
     suite = get_suite(cfg.suite).train_defaults
     unknown = sorted(set(suite) - set(RECIPE))
     if unknown:
         raise ValueError(f"suite {cfg.suite!r} train_defaults has unknown field(s) {unknown}; allowed: {sorted(RECIPE)}")
-    values = {k: suite.get(k, v) if getattr(cfg, k) is None else getattr(cfg, k) for k, v in RECIPE.items()}
+    layers = [RECIPE, PIXEL_RECIPE if cfg.obs_mode == "pixels" else {}, suite]  # later layers win
+    values = {}
+    for k in RECIPE:
+        if k != "policy":
+            values[k] = getattr(cfg, k) if getattr(cfg, k) is not None else [l[k] for l in layers if k in l][-1]
     if not 0.0 <= values["demo_noise"] <= 1.0:
         raise ValueError(f"demo_noise must be in [0, 1], got {values['demo_noise']}")
-    return dataclasses.replace(cfg, **values)
+    policy = dict(cfg.policy)
+    recipe_policy = {k: v for layer in layers for k, v in layer.get("policy", {}).items()}
+    if recipe_policy:
+        default = config_class(policy["name"])()
+        bad = sorted(k for k in recipe_policy if not hasattr(default, k))
+        if bad:
+            raise ValueError(f"recipe for suite {cfg.suite!r} sets unknown policy field(s) {bad}")
+        for k, v in recipe_policy.items():
+            if k not in policy or policy[k] == getattr(default, k):
+                policy[k] = v
+    return dataclasses.replace(cfg, **values, policy=policy)
 
 
 class Batcher:
