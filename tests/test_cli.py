@@ -284,6 +284,17 @@ def test_pixel_collection_keeps_the_full_state_and_train_uses_it(tmp_path):
     assert np.ptp(ep["privileged_state"][:, 4:13], axis=0).max() > 0.01  # the pushed block moves
     pcfg = make_config("flow", {"obs_mode": "pixels"})
     assert _with_aux_state(pcfg, ds).aux_state_dim == full
+    from embodied.commands.train import _check_dataset
+
+    for kw in ({"image_size": 16}, {"image_size": 16, "cameras": ["front"]}, {"image_size": 32}):
+        env = make_env("push", obs_mode="pixels", **kw)
+        spec, aspec = env.unwrapped.observation_spec, env.unwrapped.action_spec
+        env.close()
+        if kw == {"image_size": 16}:  # the default camera, as recorded
+            _check_dataset(ds, spec, aspec)
+        else:
+            with pytest.raises(ValueError, match="holds images of cameras"):
+                _check_dataset(ds, spec, aspec)
     assert _with_aux_state(make_config("flow", {"obs_mode": "pixels", "aux_state_weight": 0.0}), ds).aux_state_dim == 0
     old = tmp_path / "old"  # a pixel dataset recorded before privileged_state existed
     Dataset.create(old, {k: (v["dtype"], v["shape"]) for k, v in ds.features.items() if k != "privileged_state"})

@@ -198,6 +198,12 @@ def _check_dataset(ds: Any, obs_spec: Any, action_spec: Any) -> None:
             raise ValueError(f"dataset {ds.root} holds {name} of shape {have} but the task's {name} is ({want},) "
                              f"(recorded with an older version of the task?): give another dataset=PATH, or "
                              f"move that folder away so the demonstrations are collected anew")
+    recorded = (ds.info or {}).get("observation_spec") or {}
+    cams, size = tuple(recorded.get("cameras", ())), int(recorded.get("image_size", 0))
+    if obs_spec.cameras and (cams, size) != (tuple(obs_spec.cameras), obs_spec.image_size):
+        raise ValueError(f"dataset {ds.root} holds images of cameras {list(cams)} at {size} px but this run "
+                         f"observes {list(obs_spec.cameras)} at {obs_spec.image_size} px: pass cameras={list(cams)} "
+                         f"image_size={size}, or give another dataset=PATH for these settings")
 
 
 def _with_aux_state(pcfg: Any, ds: Any) -> Any:
