@@ -62,7 +62,9 @@ class SuiteSpec:
     """A named, ordered set of tasks evaluated together.
 
     ``train_defaults``: the suite's training recipe, ``embodied train`` settings used when the
-    user leaves them unset (e.g. ``{"demos": 50}``); see ``TrainConfig.SUITE_FIELDS``.
+    user leaves them unset (e.g. ``{"demos": 50, "policy": {"text_token_dropout": 0.2}}``;
+    ``"pixels"`` holds a dict of them for pixel observations); see
+    ``embodied.commands.train.RECIPE`` and ``apply_recipe``.
     """
 
     name: str

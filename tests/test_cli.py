@@ -238,8 +238,10 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     assert pixels.policy == {"name": "flow", "n_obs_steps": 1, "horizon": 16}  # left at the default: the recipe's
     kept = apply_recipe(TrainConfig(obs_mode="pixels", batch_size=32, policy={"name": "flow", "n_obs_steps": 3}))
     assert kept.batch_size == 32 and kept.policy["n_obs_steps"] == 3  # the user's values win
+    assert cfg.steps == mt["steps"] and cfg.policy["text_token_dropout"] == mt["policy"]["text_token_dropout"]
     mt_px = apply_recipe(TrainConfig(suite="metaworld-mt10", obs_mode="pixels"))
-    assert mt_px.demos == mt["demos"] and mt_px.batch_size == PIXEL_RECIPE["batch_size"]  # suite over pixel recipe
+    assert mt_px.demos == mt["pixels"]["demos"]  # the suite's pixel entry, over the pixel recipe
+    assert (mt_px.batch_size, mt_px.steps) == (PIXEL_RECIPE["batch_size"], PIXEL_RECIPE["steps"])  # over the suite's
     bad = dataclasses.replace(get_suite("manipulation"), name="_bad_recipe", train_defaults={"demoz": 3})
     monkeypatch.setitem(registry._SUITES, "_bad_recipe", bad)  # removed again after the test
     with pytest.raises(ValueError, match="demoz"):

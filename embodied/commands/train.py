@@ -2,7 +2,7 @@
 
     embodied train                                   # manipulation suite, state obs, flow policy
     embodied train suite=navigation policy=diffusion
-    embodied train obs_mode=pixels steps=20000
+    embodied train obs_mode=pixels                   # side camera, 64 px, the pixel recipe
 
 Steps: (1) collect scripted demonstrations into ``dataset`` unless it already holds
 enough (collection resumes); (2) train with AdamW + cosine schedule + EMA, logging to
@@ -14,9 +14,15 @@ draws success vs training step from them); (3) evaluate on training and held-out
 ``metrics.json``, ``report.md``, ``success.png``, ``training_curve.png`` and videos.
 Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint.
 
-``demos``, ``demo_noise`` and ``eval_episodes`` left unset come from the suite's recipe
-(``SuiteSpec.train_defaults``; e.g. navigation: 800 demos at noise 0.3, Meta-World: 50
-demos and 20 evaluation episodes), else from ``RECIPE``.
+``demos``, ``demo_noise``, ``eval_episodes``, ``steps`` and ``batch_size`` left unset come
+from the suite's recipe (``SuiteSpec.train_defaults``; e.g. navigation: 800 demos at noise
+0.3, Meta-World: 50 demos, 20 evaluation episodes and word dropout in the text encoder),
+else, for pixels, from ``PIXEL_RECIPE`` (200 demos, batch 64, 15k steps, one frame), else
+from ``RECIPE``. A recipe's policy fields apply to those left at their default.
+
+Pixel policies: pixel datasets record the full state beside the images
+(``privileged_state``) and the policy learns to predict it from its image keypoints, an
+auxiliary loss (``policy.aux_state_weight``); the policy never reads that state.
 
 Instructions are re-sampled during training: each window gets a random *training*
 paraphrase of its task, filled with the episode's parameters (held-out ones are never
@@ -99,18 +105,26 @@ PIXEL_RECIPE: dict[str, Any] = {"demos": 200, "steps": 15000, "batch_size": 64, 
 
 
 def apply_recipe(cfg: TrainConfig) -> TrainConfig:
-    """Fill the unset recipe fields of ``cfg``: from its suite's ``train_defaults``, else from
-    ``PIXEL_RECIPE`` for pixel observations, else from ``RECIPE``."""
+    """Fill the unset recipe fields of ``cfg``; the first that sets a field wins.
+
+    State observations: the suite's ``train_defaults``, then ``RECIPE``. Pixel observations:
+    the suite's ``train_defaults["pixels"]``, then ``PIXEL_RECIPE``, then the suite's other
+    ``train_defaults``, then ``RECIPE``.
+    """
     import dataclasses
 
     from embodied.registry import get_suite
     from policies import config_class
 
-    suite = get_suite(cfg.suite).train_defaults
-    unknown = sorted(set(suite) - set(RECIPE))
+    suite = dict(get_suite(cfg.suite).train_defaults)
+    suite_pixels = suite.pop("pixels", {})
+    unknown = sorted((set(suite) | set(suite_pixels)) - set(RECIPE))
     if unknown:
-        raise ValueError(f"suite {cfg.suite!r} train_defaults has unknown field(s) {unknown}; allowed: {sorted(RECIPE)}")
-    layers = [RECIPE, PIXEL_RECIPE if cfg.obs_mode == "pixels" else {}, suite]  # later layers win
+        raise ValueError(f"suite {cfg.suite!r} train_defaults has unknown field(s) {unknown}; allowed: "
+                         f"{sorted(RECIPE)} and 'pixels' (a dict of them for obs_mode=pixels)")
+    layers = [RECIPE, suite]  # later layers win
+    if cfg.obs_mode == "pixels":
+        layers += [PIXEL_RECIPE, suite_pixels]
     values = {}
     for k in RECIPE:
         if k != "policy":

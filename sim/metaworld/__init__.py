@@ -22,7 +22,11 @@ for _name in ALL_TASKS:
     ))
 
 # Training recipe: 50 scripted demonstrations and 20 evaluation episodes per task, the
-# protocol of the MLP baseline this suite is compared against (see the README).
-MT_TRAIN = {"demos": 50, "eval_episodes": 20}
-MT10_SUITE = register_suite(SuiteSpec("metaworld-mt10", MT10, "Meta-World v3 MT10: ten tasks", MT_TRAIN))
+# protocol of the MLP baseline this suite is compared against (see the README), also from
+# pixels; word dropout in the instruction attention (held-out wordings, MT50: 81.1% with 14
+# training wordings and none, 87.5% with 30 and 0.2). MT10 reaches 99.0% / 94.5% held-out in
+# 8k steps.
+MT_TRAIN = {"demos": 50, "eval_episodes": 20, "policy": {"text_token_dropout": 0.2}, "pixels": {"demos": 50}}
+MT10_SUITE = register_suite(SuiteSpec("metaworld-mt10", MT10, "Meta-World v3 MT10: ten tasks",
+                                      {**MT_TRAIN, "steps": 8000}))
 MT50_SUITE = register_suite(SuiteSpec("metaworld-mt50", MT50, "Meta-World v3 MT50: all fifty tasks", MT_TRAIN))
