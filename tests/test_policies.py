@@ -360,7 +360,7 @@ def test_pixel_policy_learns_privileged_state_from_images(tmp_path):
         make_config("flow", {"aux_state_dim": 3})  # a state policy has no images to train
 
 
-def test_token_dropout_hides_words_in_training_only():
+def test_text_dropout_acts_in_training_only():
     from policies.common.encoders import TextPool
 
     torch.manual_seed(0)
@@ -375,6 +375,11 @@ def test_token_dropout_hides_words_in_training_only():
     only_first[:, 1:] = False  # a one-token instruction keeps its token: never an empty attention
     pool.train()
     assert torch.isfinite(pool(pooled, tokens, only_first)).all()
+    feats = TextPool(12, 8, "attention", feature_dropout=0.5)
+    feats.train()
+    assert (feats(pooled, tokens, mask) == 0).any()  # dropped features
+    feats.eval()
+    torch.testing.assert_close(feats(pooled, tokens, mask), feats(pooled, tokens, mask))
     plain = TextPool(12, 8, "attention")
     plain.train()
     torch.testing.assert_close(plain(pooled, tokens, mask), plain(pooled, tokens, mask))

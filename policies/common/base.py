@@ -120,7 +120,7 @@ class TorchPolicy(Policy, nn.Module):
                          config.state_layers, config.text_dim if config.text_film else 0, len(self.cameras),
                          config.image_keypoints, config.crop_pad, config.image_channels, config.aux_state_dim)
         text = TextPool(self.text.dim, config.text_dim, config.text_pool, config.text_queries,
-                        token_dropout=config.text_token_dropout)
+                        token_dropout=config.text_token_dropout, feature_dropout=config.text_feature_dropout)
         self.model = nn.ModuleDict({"obs": obs, "text": text,
                                     "head": self.build_head(config.obs_dim + config.text_dim)})
         self.ema = EMA(self.model, config.ema_power, config.ema_max_decay) if config.ema else None

@@ -77,6 +77,7 @@ class PolicyConfig:
             from the attention (word dropout; 0: off). On Meta-World MT50's wordings, a
             text-only task classifier generalised from 30 training to the held-out wordings
             at 78% without it and 81% with 0.2.
+        text_feature_dropout: dropout on the projected text features in training (0: off).
         text_film: FiLM-modulate the state MLP with the text features (see ``ObsEncoder``).
         openclip_model: open_clip architecture name of the checkpoint.
         openclip_checkpoint: local path of open_clip weights (required for ``openclip``).
@@ -105,6 +106,7 @@ class PolicyConfig:
     text_pool: str = "attention"
     text_queries: int = 4
     text_token_dropout: float = 0.0
+    text_feature_dropout: float = 0.0
     text_film: bool = True
     openclip_model: str = "ViT-B-32"
     openclip_checkpoint: str | None = None
@@ -142,6 +144,7 @@ class PolicyConfig:
         check_choice("text_pool", self.text_pool, TEXT_POOLS)
         check_int("text_queries", self.text_queries, 1)
         check_float("text_token_dropout", self.text_token_dropout, 0.0, 0.9)
+        check_float("text_feature_dropout", self.text_feature_dropout, 0.0, 0.9)
         if self.text_encoder == "openclip" and not self.openclip_checkpoint:
             raise ValueError("openclip_checkpoint=None is not allowed with text_encoder='openclip': give the "
                              "path of a local open_clip checkpoint (nothing is downloaded), or use "

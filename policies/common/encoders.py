@@ -91,13 +91,15 @@ class TextPool(nn.Module):
     who-does-what ("the red block on the green block") that mean pooling blurs.
     ``token_dropout``: in training, each token but the first is hidden from the attention
     with this probability, so that no single word carries the instruction (word dropout).
+    ``feature_dropout``: dropout on the output features in training.
     """
 
     def __init__(self, in_dim: int, out_dim: int, pool: str = "attention", queries: int = 4,
-                 key_dim: int = 64, token_dropout: float = 0.0) -> None:
+                 key_dim: int = 64, token_dropout: float = 0.0, feature_dropout: float = 0.0) -> None:
         super().__init__()
         self.pool = pool
         self.token_dropout = token_dropout
+        self.feature_dropout = nn.Dropout(feature_dropout)
         extra = 0
         if pool == "attention":
             self.norm = nn.LayerNorm(in_dim)
@@ -123,7 +125,7 @@ class TextPool(nn.Module):
             logits = torch.einsum("qd,bld->bql", self.queries, k) / k.shape[-1] ** 0.5
             logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
             feats.append(torch.einsum("bql,bld->bqd", torch.softmax(logits, dim=-1), v).flatten(1))
-        return F.mish(self.proj(torch.cat(feats, dim=-1)))
+        return self.feature_dropout(F.mish(self.proj(torch.cat(feats, dim=-1))))
 
 
 class ObsEncoder(nn.Module):
