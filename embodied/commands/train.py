@@ -100,7 +100,7 @@ RECIPE: dict[str, Any] = {"demos": 400, "demo_noise": 0.1, "eval_episodes": 50, 
                           "batch_size": 128, "policy": {}}
 #: Pixel observations (``obs_mode=pixels``), over ``RECIPE``: 200 demos per task, batch 64,
 #: 15k steps, one frame of history. On the manipulation suite (side camera, 64 px, auxiliary
-#: state loss) this reached 76.8% (70.0% held-out) in 28.6 CPU-minutes, training and evaluation.
+#: state loss) this reached 76.8% (70.0% held-out) in 29.2 CPU-minutes, training and evaluation.
 PIXEL_RECIPE: dict[str, Any] = {"demos": 200, "steps": 15000, "batch_size": 64, "policy": {"n_obs_steps": 1}}
 
 
