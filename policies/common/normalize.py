@@ -32,6 +32,14 @@ def _vector(stats: Mapping[str, Any], feature: str, key: str, dim: int) -> torch
     return v
 
 
+def _mean_std(stats: Mapping[str, Any], feature: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standardisation of ``feature``: its mean and std (clamped to ``MIN_STD``), else identity."""
+    if feature not in stats:
+        return torch.zeros(dim), torch.ones(dim)
+    return (_vector(stats[feature], feature, "mean", dim),
+            _vector(stats[feature], feature, "std", dim).clamp_min(MIN_STD))
+
+
 class Normalizer(nn.Module):
     """State standardisation and action min/max scaling.
 
@@ -51,11 +59,7 @@ class Normalizer(nn.Module):
         super().__init__()
         stats = stats or {}
         da = action_spec.dim
-        if "state" in stats:
-            mean = _vector(stats["state"], "state", "mean", state_dim)
-            std = _vector(stats["state"], "state", "std", state_dim).clamp_min(MIN_STD)
-        else:
-            mean, std = torch.zeros(state_dim), torch.ones(state_dim)
+        mean, std = _mean_std(stats, "state", state_dim)
         if "action" in stats:
             lo = _vector(stats["action"], "action", "min", da)
             hi = _vector(stats["action"], "action", "max", da)
@@ -69,12 +73,7 @@ class Normalizer(nn.Module):
         self.register_buffer("action_centre", centre)
         self.register_buffer("action_half_range", half)
         if privileged_dim:  # the auxiliary target of pixel policies (``privileged_state``)
-            if "privileged_state" in stats:
-                f = "privileged_state"
-                pmean = _vector(stats[f], f, "mean", privileged_dim)
-                pstd = _vector(stats[f], f, "std", privileged_dim).clamp_min(MIN_STD)
-            else:
-                pmean, pstd = torch.zeros(privileged_dim), torch.ones(privileged_dim)
+            pmean, pstd = _mean_std(stats, "privileged_state", privileged_dim)
             self.register_buffer("privileged_mean", pmean)
             self.register_buffer("privileged_std", pstd)
 
