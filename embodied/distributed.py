@@ -3,6 +3,7 @@
     embodied eval runner=ray checkpoint=CKPT suite=manipulation episodes=100   # a local Ray instance
     embodied eval runner=ray ray_address=auto ...                               # join a running cluster
     embodied collect runner=ray suite=manipulation episodes=500
+    embodied eval checkpoint=CKPT workers=0      # the same shards on local processes, one per core, no Ray
 
 Work is cut into shards. A shard is (task, split, seeds, custom instructions); one Ray task
 per shard builds the environment, loads the policy from its checkpoint *path* (or uses the
@@ -287,6 +288,51 @@ class ShardRunner:
             ray.kill(self._ledger)
 
 
+def _pool_worker_init() -> None:
+    import sim  # noqa: F401  (chooses the headless GL backend before MuJoCo and torch load)
+
+
+class PoolRunner:
+    """``ShardRunner``'s interface over local worker processes (``concurrent.futures``, spawn).
+
+    For one machine without Ray: ``workers`` processes each load the policy once and play
+    shards. No retries: a worker that dies stops the run (``retried`` stays empty).
+    """
+
+    def __init__(self, workers: int):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a forked child would inherit torch's and GL's threads in whatever state they are
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_pool_worker_init)
+        self.retried: list[dict[str, Any]] = []
+
+    def submit(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], info: Mapping[str, Any] | None = None
+               ) -> Job:
+        job = Job(name, fn, tuple(args), dict(info or {}))
+        job.ref = self._pool.submit(fn, *job.args)
+        return job
+
+    def get(self, job: Job) -> Any:
+        """The result of ``job`` (blocks); a worker's exception is raised here."""
+        return job.ref.result()
+
+    def as_completed(self, jobs: Sequence[Job]) -> Iterator[tuple[Job, Any]]:
+        from concurrent.futures import as_completed
+
+        pending = {job.ref: job for job in jobs}
+        for fut in as_completed(pending):
+            yield pending[fut], fut.result()
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            job.ref.cancel()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 # ---- evaluation ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -325,7 +371,12 @@ def eval_shard(source: PolicySource, shard: Shard, env_kwargs: Mapping[str, Any]
                      vector, videos, shard.first)
 
 
-def evaluate_ray(
+def evaluate_ray(source: PolicySource, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, list[EpisodeResult]]]:
+    """``evaluate.evaluate`` with its episodes sharded over Ray workers (``evaluate_sharded``)."""
+    return evaluate_sharded(source, *args, **kwargs)
+
+
+def evaluate_sharded(
     source: PolicySource,
     tasks: Sequence[str],
     episodes: int = 20,
@@ -338,11 +389,13 @@ def evaluate_ray(
     videos: int = 0,
     progress: bool = True,
     options: RayOptions = RayOptions(),
+    workers: int = 0,
 ) -> tuple[dict[str, Any], dict[str, list[EpisodeResult]]]:
-    """``evaluate.evaluate`` with its episodes sharded over Ray workers; same arguments and results.
+    """``evaluate.evaluate`` with its episodes sharded over workers; same arguments and results.
 
-    ``source`` names the policy (workers load it themselves); ``options`` says where to
-    run. The metrics add ``runner``, ``shards`` and ``retried_shards``.
+    ``source`` names the policy (workers load it themselves). ``workers`` = 0: Ray workers,
+    where ``options`` says; ``workers`` > 0: that many local processes (``PoolRunner``),
+    no Ray needed. The metrics add ``runner``, ``shards`` and ``retried_shards``.
     """
     from tqdm.auto import tqdm
 
@@ -351,13 +404,15 @@ def evaluate_ray(
     if source.checkpoint:  # workers may start in another directory
         source = replace(source, checkpoint=str(Path(source.checkpoint).absolute()))
     t0 = time.time()
-    with ray_session(options) as workers:
-        size = auto_shard_size(len(runs) * episodes, workers, options.shard_episodes)
+    kind = "local" if workers > 0 else "ray"
+    with (contextlib.nullcontext(workers) if workers > 0 else ray_session(options)) as n_workers:
+        size = auto_shard_size(len(runs) * episodes, n_workers, options.shard_episodes)
         shards = [Shard(task, split, chunk, None if custom is None else tuple(custom), k * size)
                   for task, split, custom in runs
                   for k, chunk in enumerate(split_seeds(range(seed, seed + episodes), size))]
-        log.info("%d episodes in %d shards on %d Ray workers", len(runs) * episodes, len(shards), workers)
-        runner = ShardRunner(options)
+        log.info("%d episodes in %d shards on %d %s workers", len(runs) * episodes, len(shards), n_workers,
+                 "local" if workers > 0 else "Ray")
+        runner: ShardRunner | PoolRunner = PoolRunner(min(workers, len(shards))) if workers > 0 else ShardRunner(options)
         jobs = [runner.submit(s.name, eval_shard, (source, s, env_kwargs, num_envs, vector, videos),
                               {"task": s.task, "split": s.split, "seeds": list(s.seeds)}) for s in shards]
         done: dict[int, list[EpisodeResult]] = {}
@@ -377,19 +432,21 @@ def evaluate_ray(
             raise RuntimeError(f"shard {s.name} returned seeds {[r.seed for r in res]}, expected {list(s.seeds)}")
         results[f"{s.task}/{s.split}"].extend(res)
     metrics = summarize(tasks, results, episodes, seed, time.time() - t0)
-    metrics.update(runner="ray", shards=len(shards), retried_shards=runner.retried)
+    metrics.update(runner=kind, shards=len(shards), retried_shards=runner.retried)
+    if workers > 0:
+        metrics["workers"] = min(workers, len(shards))
     return metrics, results
 
 
 # ---- collection ----------------------------------------------------------------------------
 
 class OrderedShards:
-    """Per-group (task) streams of shard results in seed order, computed ahead on Ray.
+    """Per-group (task) streams of shard results in seed order, computed ahead on Ray (or local workers).
 
     ``plan(group, first_seed, n)`` queues shards for seeds ``first_seed .. first_seed+n-1``;
     ``stream(group)`` yields the items the shard function returns, shard after shard in
-    seed order, queuing further shards when the plan runs out (a failed expert episode
-    needs another seed). At most ``lookahead`` shards are in flight, taken in plan order,
+    seed order, queuing further shards of a fifth of the plan when it runs out (a failed
+    expert episode needs another seed). At most ``lookahead`` shards are in flight, taken in plan order,
     so results wait in Ray's object store only a little ahead of the consumer.
     ``drop(group)`` cancels what a group no longer needs.
 
@@ -398,16 +455,18 @@ class OrderedShards:
         args: the remaining arguments of ``fn``.
     """
 
-    def __init__(self, runner: ShardRunner, fn: Callable[..., list[Any]], args: tuple[Any, ...], size: int,
-                 lookahead: int):
+    def __init__(self, runner: ShardRunner | PoolRunner, fn: Callable[..., list[Any]], args: tuple[Any, ...],
+                 size: int, lookahead: int):
         self.runner, self.fn, self.args, self.size, self.lookahead = runner, fn, tuple(args), size, lookahead
         self._next_seed: dict[str, int] = {}
+        self._planned: dict[str, int] = {}
         self._queue: dict[str, deque[tuple[tuple[int, ...], Job | None]]] = {}
         self._order: deque[tuple[str, tuple[int, ...]]] = deque()  # planned, not yet submitted
         self._in_flight: dict[tuple[str, tuple[int, ...]], Job] = {}
 
     def plan(self, group: str, first_seed: int, n: int) -> None:
         self._next_seed[group] = first_seed
+        self._planned[group] = n
         self._queue[group] = deque()
         self._add(group, n)
         self._fill()
@@ -432,8 +491,8 @@ class OrderedShards:
 
     def stream(self, group: str) -> Iterator[Any]:
         while True:
-            if not self._queue[group]:
-                self._add(group, self.size)
+            if not self._queue[group]:  # the plan ran out (failed expert episodes): a few more seeds
+                self._add(group, max(1, min(self.size, math.ceil(self._planned[group] / 5))))
             seeds, _ = self._queue[group].popleft()
             job = self._in_flight.get((group, seeds))
             if job is None:  # not submitted yet: it is needed now
@@ -460,12 +519,13 @@ class OrderedShards:
 
 @contextlib.contextmanager
 def ordered_shards(fn: Callable[..., list[Any]], args: tuple[Any, ...], plan: Mapping[str, tuple[int, int]],
-                   options: RayOptions) -> Iterator[OrderedShards]:
-    """Start Ray and an ``OrderedShards`` planned with ``{group: (first_seed, n)}``; clean up after."""
-    with ray_session(options) as workers:
-        runner = ShardRunner(options)
-        size = auto_shard_size(sum(n for _, n in plan.values()), workers, options.shard_episodes)
-        shards = OrderedShards(runner, fn, args, size, lookahead=2 * workers)
+                   options: RayOptions, workers: int = 0) -> Iterator[OrderedShards]:
+    """Start Ray (``workers`` = 0) or ``workers`` local processes, and an ``OrderedShards``
+    planned with ``{group: (first_seed, n)}``; clean up after."""
+    with (contextlib.nullcontext(workers) if workers > 0 else ray_session(options)) as n_workers:
+        runner: ShardRunner | PoolRunner = PoolRunner(workers) if workers > 0 else ShardRunner(options)
+        size = auto_shard_size(sum(n for _, n in plan.values()), n_workers, options.shard_episodes)
+        shards = OrderedShards(runner, fn, args, size, lookahead=2 * n_workers)
         try:
             for group, (first, n) in plan.items():
                 shards.plan(group, first, n)
@@ -475,5 +535,6 @@ def ordered_shards(fn: Callable[..., list[Any]], args: tuple[Any, ...], plan: Ma
             runner.close()
 
 
-__all__ = ["RUNNERS", "Job", "OrderedShards", "PolicySource", "RayOptions", "Shard", "ShardRunner", "auto_shard_size",
-           "eval_shard", "evaluate_ray", "ordered_shards", "ray_options", "ray_session", "split_seeds"]
+__all__ = ["RUNNERS", "Job", "OrderedShards", "PolicySource", "PoolRunner", "RayOptions", "Shard", "ShardRunner",
+           "auto_shard_size", "eval_shard", "evaluate_ray", "evaluate_sharded", "ordered_shards", "ray_options",
+           "ray_session", "split_seeds"]

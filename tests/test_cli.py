@@ -108,13 +108,15 @@ def test_train_eval_play_resume(tmp_path):
     m = json.loads((run / "metrics.json").read_text())
     for key in ("success_rate", "heldout_paraphrase_success_rate", "per_task", "wall_time_s", "success_curve"):
         assert key in m
-    assert set(m["per_task"]) == {"reach", "press-button"}
+    assert set(m["per_task"]) == {"reach", "press-button"} and "workers" not in m  # 8 episodes: this process
     for f in ("checkpoint/model.safetensors", "checkpoint/config.json", "report.md", "training_curve.png",
               "success.png"):
         assert (run / f).exists(), f
     # resume: the same run dir with more steps continues from the saved step
-    r = embodied("train", f"steps={steps + 10}", *common, cwd=tmp_path)
+    r = embodied("train", f"steps={steps + 10}", "workers=2", *common, cwd=tmp_path)
     assert f"resuming from {run}/checkpoint at step {steps}" in r.stderr + r.stdout
+    m = json.loads((run / "metrics.json").read_text())  # evaluated in two worker processes from checkpoint/
+    assert m["workers"] == 2 and m["runner"] == "local" and m["videos"] and set(m["per_task"]) == {"reach", "press-button"}
     # the checkpoint evaluates and plays
     embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach]", "episodes=2", "num_envs=2",
              f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)

@@ -1,6 +1,7 @@
 """``embodied collect``: record scripted-expert demonstrations to an on-disk dataset.
 
     embodied collect suite=manipulation episodes=100 out=data/manip
+    embodied collect suite=metaworld-mt50 episodes=50 workers=0   # one worker process per CPU core
 
 Episodes are appended one by one (a crash or Ctrl-C loses no finished episode) and
 collection resumes: a dataset that already holds k episodes of a task gets
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ class CollectConfig:
     max_attempts_factor: float = 2.0  # give up on a task after factor * episodes attempts
     progress: bool = True
     runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
+    workers: int = 1  # runner=local: worker processes (0: one per CPU core); the same dataset either way
     ray_address: str = ""  # runner=ray: "" starts Ray here; "auto" or HOST:PORT joins a running cluster
     ray_num_cpus: int = 0  # runner=ray, local instance: CPUs (0: all)
     ray_shard_episodes: int = 0  # runner=ray: episodes per shard (0: about two shards per worker)
@@ -61,6 +64,8 @@ class CollectConfig:
             raise ValueError(f"action_noise must be in [0, 1], got {self.action_noise}")
         if self.max_attempts_factor < 1.0:
             raise ValueError(f"max_attempts_factor must be >= 1, got {self.max_attempts_factor}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: one per CPU core), got {self.workers}")
         ray_options(self)
 
 
@@ -136,7 +141,7 @@ def expert_episodes(env: Any, task: str, seeds: Iterable[int], features: dict[st
 def expert_shard(task: str, seeds: tuple[int, ...], kw: dict[str, Any], features: dict[str, dict[str, Any]],
                  terms: list[str], action_noise: float, only_success: bool
                  ) -> list[tuple[dict[str, np.ndarray] | None, dict[str, Any]]]:
-    """A Ray worker's part of ``collect(runner="ray")``: the episodes of ``seeds`` (no arrays for dropped failures)."""
+    """A worker's part of ``collect`` (Ray or local processes): the episodes of ``seeds`` (no arrays for dropped failures)."""
     import sim  # noqa: F401  (chooses the headless GL backend before MuJoCo loads)
 
     env = make_env(task, **kw)
@@ -150,11 +155,13 @@ def expert_shard(task: str, seeds: tuple[int, ...], kw: dict[str, Any], features
 def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "state", image_size: int = 64,
             cameras: list[str] | tuple[str, ...] = (), seed: int = 0, action_noise: float = 0.0,
             only_success: bool = True, max_attempts_factor: float = 2.0, progress: bool = True,
-            suite: str = "", runner: str = "local", ray_options: RayOptions | None = None) -> dict[str, Any]:
+            suite: str = "", runner: str = "local", ray_options: RayOptions | None = None, workers: int = 1
+            ) -> dict[str, Any]:
     """Fill ``out`` with ``episodes`` expert episodes per task (resuming); return a summary.
 
-    ``runner="ray"`` plays the episodes on Ray workers (``ray_options``) and appends them
-    here in the same order, so the dataset is the one the local runner writes.
+    ``runner="ray"`` plays the episodes on Ray workers (``ray_options``), and ``workers`` > 1
+    (local runner) on that many local processes; either way they are appended here in the
+    same order, so the dataset is the one a single process writes.
     """
     from tqdm.auto import tqdm
 
@@ -193,12 +200,13 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
     retried: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         shards = None
-        if runner == "ray" and any(todo.values()):
+        pool = workers if runner == "local" and workers > 1 else 0
+        if (runner == "ray" or pool) and any(todo.values()):
             from embodied.distributed import ordered_shards
 
             shards = stack.enter_context(ordered_shards(
                 expert_shard, (kw, ds.features, terms, action_noise, only_success),
-                {t: (first_seed[t], todo[t]) for t in tasks}, ray_options or RayOptions()))
+                {t: (first_seed[t], todo[t]) for t in tasks}, ray_options or RayOptions(), workers=pool))
             retried = shards.runner.retried
         try:
             for task in tasks:
@@ -230,7 +238,7 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
             raise
         finally:
             bar.close()
-    extra = {"runner": "ray", "retried_shards": retried} if runner == "ray" else {}
+    extra = {"runner": "ray", "retried_shards": retried} if runner == "ray" else {"workers": max(1, pool)}
     return {"dataset": str(Path(out).resolve()), "episodes": len(ds), "per_task": summary,
             "wall_time_s": time.time() - t0, **extra}
 
@@ -241,7 +249,7 @@ def main(cfg: CollectConfig) -> dict[str, Any]:
     out = cfg.out or f"data/{cfg.suite if not cfg.tasks else '-'.join(cfg.tasks)}-{cfg.obs_mode}"
     metrics = collect(tasks, out, cfg.episodes, cfg.obs_mode, cfg.image_size, cfg.cameras, cfg.seed,
                       cfg.action_noise, cfg.only_success, cfg.max_attempts_factor, cfg.progress, cfg.suite,
-                      cfg.runner, ray_options(cfg))
+                      cfg.runner, ray_options(cfg), cfg.workers or os.cpu_count() or 1)
     write_json(run_dir() / "metrics.json", metrics)
     log.info("dataset %s: %d episodes (%s)", metrics["dataset"], metrics["episodes"],
              ", ".join(f"{t}: {v['total']}" for t, v in metrics["per_task"].items()))

@@ -5,6 +5,7 @@
     embodied eval checkpoint=... tasks=[pick] '+instructions.pick=["lift the red cube please"]'
     embodied eval checkpoint=... instructions_file=my_wording.yaml   # task -> [templates]
     embodied eval checkpoint=outputs/train/.../checkpoints episodes=20  # every step_* snapshot: success vs step
+    embodied eval checkpoint=... workers=0          # episodes over one worker process per CPU core
 
 Writes ``metrics.json``, ``report.md``, ``success.png`` and videos (one success and one
 failure per task) to ``hydra.run.dir``. Several checkpoints (a folder of ``step_*``
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from embodied.app import hydra_command, run_dir
-from embodied.distributed import PolicySource, evaluate_ray, ray_options
+from embodied.distributed import PolicySource, evaluate_sharded, ray_options
 from embodied.evaluate import evaluate, save_videos, write_json, write_report
 from embodied.registry import resolve_tasks
 
@@ -54,6 +56,7 @@ class EvalConfig:
     device: str = "auto"
     progress: bool = True
     runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
+    workers: int = 1  # runner=local: worker processes (>1 needs checkpoint=PATH; 0: one per CPU core)
     ray_address: str = ""  # runner=ray: "" starts Ray here; "auto" or HOST:PORT joins a running cluster
     ray_num_cpus: int = 0  # runner=ray, local instance: CPUs (0: all)
     ray_shard_episodes: int = 0  # runner=ray: episodes per shard (0: about two shards per worker)
@@ -76,6 +79,8 @@ class EvalConfig:
             raise ValueError(f"vector must be one of {VECTOR}, got {self.vector!r}")
         if self.num_inference_steps < 0:
             raise ValueError(f"num_inference_steps must be >= 0, got {self.num_inference_steps}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: one per CPU core), got {self.workers}")
         ray_options(self)
 
 
@@ -279,12 +284,14 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
         env_kwargs = policy_env_kwargs(policy, tasks)
     vector = cfg.vector if cfg.vector != "auto" else ("async" if env_kwargs.get("obs_mode", "state") != "state"
                                                       else "sync")
-    if cfg.runner == "ray":
+    workers = 0 if cfg.runner == "ray" else (cfg.workers or os.cpu_count() or 1)
+    if cfg.runner == "ray" or workers > 1:
         if not checkpoint and policy != "expert":
-            raise ValueError("runner=ray loads the policy on each worker from checkpoint=PATH; this policy has none")
-        return evaluate_ray(PolicySource(checkpoint, cfg.device, cfg.num_inference_steps), tasks,
-                            cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
-                            instructions, videos, cfg.progress, ray_options(cfg))
+            raise ValueError(f"{'runner=ray' if cfg.runner == 'ray' else f'workers={workers}'} loads the policy "
+                             "on each worker from checkpoint=PATH; this policy has none")
+        return evaluate_sharded(PolicySource(checkpoint, cfg.device, cfg.num_inference_steps), tasks,
+                                cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
+                                instructions, videos, cfg.progress, ray_options(cfg), workers=workers)
     return evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
                     env_kwargs, instructions, videos, cfg.progress)
 

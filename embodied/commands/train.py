@@ -11,7 +11,9 @@ saving ``checkpoint/`` (policy) + ``trainer_state.pt`` (optimiser, step) every
 ``save_every`` steps, and keeping a copy of the policy in ``checkpoints/step_XXXXXXX/``
 every ``snapshot_every`` steps and at the last step (``embodied eval checkpoint=RUN/checkpoints``
 draws success vs training step from them); (3) evaluate on training and held-out paraphrases, writing
-``metrics.json``, ``report.md``, ``success.png``, ``training_curve.png`` and videos.
+``metrics.json``, ``report.md``, ``success.png``, ``training_curve.png`` and videos; with state
+observations, collection and the final evaluation run in one worker process per CPU core
+(``workers``; evaluation workers load ``checkpoint/``), with the same results as one process.
 Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint.
 
 ``demos``, ``demo_noise``, ``eval_episodes``, ``steps`` and ``batch_size`` left unset come
@@ -72,6 +74,10 @@ class TrainConfig:
     save_every: int = 1000
     snapshot_every: int = 4000  # keep checkpoints/step_XXXXXXX/ (policy only) every N steps and at the end; 0: never
     num_envs: int = 10
+    # worker processes for collection and the final evaluation (each evaluation worker loads
+    # checkpoint/). 0: one per CPU core for state observations and >= 100 episodes, else this
+    # process (a worker costs a few seconds to start; pixel environments already run in workers)
+    workers: int = 0
     videos: int = 2
     seed: int = 0
     device: str = "auto"
@@ -82,7 +88,7 @@ class TrainConfig:
         for name in ("demos", "steps", "batch_size", "eval_episodes", "save_every", "num_envs"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "snapshot_every"):
+        for name in ("eval_every", "snapshot_every", "workers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.obs_mode not in ("state", "pixels"):
@@ -186,6 +192,13 @@ class Batcher:
         return batch
 
 
+def _workers(cfg: TrainConfig, episodes: int) -> int:
+    """Worker processes for ``episodes`` episodes (``cfg.workers``, or the automatic choice)."""
+    if cfg.workers:
+        return cfg.workers
+    return (os.cpu_count() or 1) if cfg.obs_mode == "state" and episodes >= 100 else 1
+
+
 def _ensure_dataset(cfg: TrainConfig, tasks: list[str]) -> Any:
     from embodied.commands.collect import collect
     from embodied.data import Dataset
@@ -197,8 +210,9 @@ def _ensure_dataset(cfg: TrainConfig, tasks: list[str]) -> Any:
             have[m.get("task")] = have.get(m.get("task"), 0) + 1
     if any(have.get(t, 0) < cfg.demos for t in tasks):
         log.info("collecting demonstrations into %s (%d per task)", path, cfg.demos)
+        missing = sum(max(0, cfg.demos - have.get(t, 0)) for t in tasks)
         collect(tasks, path, cfg.demos, cfg.obs_mode, cfg.image_size, cfg.cameras, seed=cfg.seed,
-                action_noise=cfg.demo_noise, progress=cfg.progress, suite=cfg.suite)
+                action_noise=cfg.demo_noise, progress=cfg.progress, suite=cfg.suite, workers=_workers(cfg, missing))
     ds = Dataset.open(path)
     log.info("dataset %s: %d episodes, %d steps", path, len(ds), sum(ds.lengths))
     return ds
@@ -398,8 +412,16 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     _save(policy, opt, sched, cfg.steps, curve, out)
 
     policy.eval()
-    metrics, results = evaluate(policy, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
-                                cfg.num_envs, vector, kw, videos=cfg.videos, progress=cfg.progress)
+    workers = _workers(cfg, len(tasks) * 2 * cfg.eval_episodes)
+    if workers > 1:
+        from embodied.distributed import PolicySource, evaluate_sharded
+
+        metrics, results = evaluate_sharded(PolicySource(str(ckpt), cfg.device), tasks, cfg.eval_episodes,
+                                            ("train", "heldout"), cfg.eval_seed, cfg.num_envs, vector, kw,
+                                            videos=cfg.videos, progress=cfg.progress, workers=workers)
+    else:
+        metrics, results = evaluate(policy, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
+                                    cfg.num_envs, vector, kw, videos=cfg.videos, progress=cfg.progress)
     curve.append({"step": cfg.steps, "success_rate": metrics["success_rate"]})
     videos = save_videos(out, results) if cfg.videos else {}
     metrics.update({
