@@ -99,3 +99,35 @@ def test_cli_eval_workers(tiny_checkpoint, tmp_path):
     m1, _ = evaluate(load_policy(tiny_checkpoint, device="cpu"), ["reach"], episodes=2, splits=("train",),
                      progress=False)
     assert m["per_task"] == m1["per_task"]
+
+
+def test_free_cores_counts_idle_cores(monkeypatch):
+    import os
+
+    import embodied.commands.train as train_mod
+
+    assert 1 <= train_mod.free_cores(0.05) <= (os.cpu_count() or 1)
+    stats = iter(["cpu 100 0 100 800 0 0 0 0 0 0\n", "cpu 150 0 150 900 0 0 0 0 0 0\n"])  # half busy
+
+    class FakeStat:
+        def __init__(self, *_):
+            self.line = next(stats)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_):
+            return False
+
+        def readline(self):
+            return self.line
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(train_mod, "open", FakeStat, raising=False)
+    assert train_mod.free_cores(0.0) == 2  # 2 of 4 cores' worth of time busy
+
+    def no_proc(*_):
+        raise OSError("no /proc/stat")
+
+    monkeypatch.setattr(train_mod, "open", no_proc, raising=False)
+    assert train_mod.free_cores(0.0) == 2  # half the cores

@@ -192,18 +192,26 @@ class Batcher:
         return batch
 
 
-def free_cores() -> int:
-    """CPU cores not busy now: all of them less the 1-minute load average, at least one.
+def free_cores(window_s: float = 0.5) -> int:
+    """CPU cores not busy now (CPU use over ``window_s`` seconds, from /proc/stat), at least one.
 
     On 2 cores, training alone ran 1.5x faster with 2 torch threads than with 1; with another
-    job on the machine, more threads than free cores stalled torch (up to 50x).
+    job on the machine, more threads than free cores stalled torch (up to 50x). Without
+    /proc/stat (not Linux): half the cores.
     """
     n = os.cpu_count() or 1
+
+    def times() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)  # all, idle + iowait
+
     try:
-        busy = int(os.getloadavg()[0])
-    except (AttributeError, OSError):  # no load average on this platform
-        busy = n // 2
-    return max(1, n - busy)
+        (t0, i0), _, (t1, i1) = times(), time.sleep(window_s), times()
+    except (OSError, ValueError, IndexError):
+        return max(1, n // 2)
+    busy = n * (1 - (i1 - i0) / max(t1 - t0, 1))
+    return max(1, n - int(busy + 0.3))  # a core counts as busy from 70% use
 
 
 def _workers(cfg: TrainConfig, episodes: int) -> int:
