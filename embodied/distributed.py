@@ -333,6 +333,18 @@ class PoolRunner:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def shard_runner(options: RayOptions, workers: int = 0) -> Iterator[tuple[ShardRunner | PoolRunner, int]]:
+    """(runner, how many shards run at once): Ray where ``options`` says (``workers`` = 0),
+    else ``workers`` local processes (spawned as shards arrive, so never more than shards)."""
+    with (contextlib.nullcontext(workers) if workers > 0 else ray_session(options)) as n:
+        runner: ShardRunner | PoolRunner = PoolRunner(workers) if workers > 0 else ShardRunner(options)
+        try:
+            yield runner, n
+        finally:
+            runner.close()
+
+
 # ---- evaluation ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -405,14 +417,12 @@ def evaluate_sharded(
         source = replace(source, checkpoint=str(Path(source.checkpoint).absolute()))
     t0 = time.time()
     kind = "local" if workers > 0 else "ray"
-    with (contextlib.nullcontext(workers) if workers > 0 else ray_session(options)) as n_workers:
+    with shard_runner(options, workers) as (runner, n_workers):
         size = auto_shard_size(len(runs) * episodes, n_workers, options.shard_episodes)
         shards = [Shard(task, split, chunk, None if custom is None else tuple(custom), k * size)
                   for task, split, custom in runs
                   for k, chunk in enumerate(split_seeds(range(seed, seed + episodes), size))]
-        log.info("%d episodes in %d shards on %d %s workers", len(runs) * episodes, len(shards), n_workers,
-                 "local" if workers > 0 else "Ray")
-        runner: ShardRunner | PoolRunner = PoolRunner(min(workers, len(shards))) if workers > 0 else ShardRunner(options)
+        log.info("%d episodes in %d shards on %d %s workers", len(runs) * episodes, len(shards), n_workers, kind)
         jobs = [runner.submit(s.name, eval_shard, (source, s, env_kwargs, num_envs, vector, videos),
                               {"task": s.task, "split": s.split, "seeds": list(s.seeds)}) for s in shards]
         done: dict[int, list[EpisodeResult]] = {}
@@ -424,7 +434,6 @@ def evaluate_sharded(
         finally:
             bar.close()
             runner.cancel([j for j in jobs if id(j) not in done])
-            runner.close()
     results: dict[str, list[EpisodeResult]] = {f"{task}/{split}": [] for task, split, _ in runs}
     for s, job in zip(shards, jobs):
         res = done[id(job)]
@@ -522,8 +531,7 @@ def ordered_shards(fn: Callable[..., list[Any]], args: tuple[Any, ...], plan: Ma
                    options: RayOptions, workers: int = 0) -> Iterator[OrderedShards]:
     """Start Ray (``workers`` = 0) or ``workers`` local processes, and an ``OrderedShards``
     planned with ``{group: (first_seed, n)}``; clean up after."""
-    with (contextlib.nullcontext(workers) if workers > 0 else ray_session(options)) as n_workers:
-        runner: ShardRunner | PoolRunner = PoolRunner(workers) if workers > 0 else ShardRunner(options)
+    with shard_runner(options, workers) as (runner, n_workers):
         size = auto_shard_size(sum(n for _, n in plan.values()), n_workers, options.shard_episodes)
         shards = OrderedShards(runner, fn, args, size, lookahead=2 * n_workers)
         try:
@@ -532,9 +540,8 @@ def ordered_shards(fn: Callable[..., list[Any]], args: tuple[Any, ...], plan: Ma
             yield shards
         finally:
             shards.close()
-            runner.close()
 
 
 __all__ = ["RUNNERS", "Job", "OrderedShards", "PolicySource", "PoolRunner", "RayOptions", "Shard", "ShardRunner",
            "auto_shard_size", "eval_shard", "evaluate_ray", "evaluate_sharded", "ordered_shards", "ray_options",
-           "ray_session", "split_seeds"]
+           "ray_session", "shard_runner", "split_seeds"]
