@@ -107,12 +107,14 @@ def run_group(policy: Policy | str, task: str, split: str, custom: Sequence[str]
     ``first`` is the position of ``seeds[0]`` among the run's episodes: frames are kept
     for the run's first ``videos`` episodes (train split only).
 
-    With ``vector="sync"`` the episodes play one after another in a single environment:
-    a ``RowwisePolicy`` (or the expert) acts one row at a time, so more in-process
-    environments would batch nothing and only add construction time (~0.1 s each on
-    Meta-World, a third of a state evaluation's time at ``num_envs=10``).
+    With ``vector="sync"`` the episodes play one after another in a single environment
+    when the policy acts one row at a time (the expert, or a ``RowwisePolicy`` over a policy
+    without ``batches_rows``): more in-process environments would batch nothing and only
+    add construction time (~0.1 s each on Meta-World, a third of a state evaluation's time
+    at ``num_envs=10``).
     """
-    if vector == "sync" and (isinstance(policy, RowwisePolicy) or policy == "expert"):
+    if vector == "sync" and (policy == "expert" or (isinstance(policy, RowwisePolicy)
+                                                    and not getattr(policy.policy, "batches_rows", False))):
         num_envs = 1
     kw = dict(env_kwargs, instruction_split="train" if split == "custom" else split)
     if custom is not None:
@@ -165,9 +167,12 @@ class RowwisePolicy(Policy):
     when no ``noise`` is given, a generative policy gets (1, H, Da) N(0, I) noise from a
     generator seeded with a hash of (``policy.config.seed``, the row's observation history,
     instruction and task) -- the same hashing idea as the diffusion policy's ddpm sampler.
-    Explicit ``noise`` (steering) is passed through, row by row. Rows run on one torch
-    thread: the result of a reduction (the text encoder's, for one) depends on how many
-    threads share it, and a Ray worker has one CPU where this process may have many.
+    Explicit ``noise`` (steering) is passed through, row by row. A torch policy whose
+    ``batches_rows`` is true computes the rows as one batch with ``predict_rows``, which
+    gives each row bitwise what it gives alone (~3x less time per row than a loop, at 10
+    rows); others run row by row. Rows run on one torch thread: the result of a reduction
+    (the text encoder's, for one) depends on how many threads share it, and a Ray worker
+    has one CPU where this process may have many.
     """
 
     def __init__(self, policy: Policy):
@@ -179,15 +184,15 @@ class RowwisePolicy(Policy):
 
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
         b = len(obs_batch["instruction"])
-        chunks = []
+        rows = [{k: _row(v, i) for k, v in obs_batch.items()} for i in range(b)]
+        if noise is None and self.noise_shape is not None:
+            noise = np.concatenate([_row_noise(self.seed, row, tuple(self.noise_shape)) for row in rows])
         with _one_torch_thread():
-            for i in range(b):
-                row = {k: _row(v, i) for k, v in obs_batch.items()}
-                row_noise = None if noise is None else noise[i: i + 1]
-                if row_noise is None and self.noise_shape is not None:
-                    row_noise = _row_noise(self.seed, row, tuple(self.noise_shape))
-                chunks.append(np.asarray(self.policy.predict_chunk(row, row_noise)))
-        return np.concatenate(chunks)
+            if b > 1 and getattr(self.policy, "batches_rows", False):
+                return np.asarray(self.policy.predict_rows(obs_batch, noise))  # bitwise the rows alone
+            chunks = [self.policy.predict_chunk(row, None if noise is None else noise[i: i + 1])
+                      for i, row in enumerate(rows)]
+            return np.concatenate([np.asarray(c) for c in chunks])
 
 
 @contextlib.contextmanager

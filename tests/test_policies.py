@@ -387,6 +387,30 @@ def test_text_dropout_acts_in_training_only():
         make_config("flow", {"text_token_dropout": 1.0})
 
 
+@pytest.mark.parametrize("variant", [*VARIANTS, "flow-midpoint", "diffusion-ddim", "diffusion-dpm"])
+@pytest.mark.parametrize("widths", [{}, {"state_hidden": 20, "obs_dim": 13, "text_dim": 7}])
+def test_predict_rows_is_each_row_alone_bitwise(variant, widths):
+    """Evaluation batches rows with ``predict_rows``: each must be what the row gives alone."""
+    name, sampler = variant.split("-") if variant.count("-") and "unet" not in variant else (variant, None)
+    family, cfg = VARIANTS[name]
+    torch.manual_seed(0)
+    policy = make_policy(family, {**cfg, **widths, **({"sampler": sampler} if sampler else {})}, OBS_SPEC,
+                         ACTION_SPEC, STATS, TASKS, device="cpu")
+    words = ["lift the red block", "push the blue block to the far left corner of the table", "lift it"]
+    for b in (2, 5):
+        batch = obs_batch(b, seed=b)
+        batch["instruction"] = [words[i % 3] for i in range(b)]  # lengths differ: padded when batched
+        z = noise(b, seed=b)
+        alone = np.concatenate([policy.predict_chunk({k: v[i: i + 1] for k, v in batch.items()}, z[i: i + 1])
+                                for i in range(b)])
+        assert np.array_equal(policy.predict_rows(batch, z), alone), f"{variant} {widths} b={b}"
+    assert policy.batches_rows == (cfg.get("net", "mlp") == "mlp")
+    policy.train()  # a policy in training mode is put back in it
+    before = policy.inference_model.training
+    policy.predict_rows(batch, z)
+    assert policy.model.training and policy.inference_model.training == before
+
+
 def test_lr_schedule_warms_up_then_decays():
     policy = build("flow", warmup_steps=10)
     opt = policy.make_optimizer()
