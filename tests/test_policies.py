@@ -411,6 +411,45 @@ def test_predict_rows_is_each_row_alone_bitwise(variant, widths):
     assert policy.model.training and policy.inference_model.training == before
 
 
+def test_text_attention_matches_the_direct_form():
+    """``TextPool`` attends in the token space; it must be the textbook key/value attention."""
+    from policies.common.encoders import TextPool
+
+    torch.manual_seed(0)
+    pool = TextPool(12, 8, "attention", queries=3, key_dim=5)
+    with torch.no_grad():  # a norm that is not the identity, and key/value biases
+        pool.norm.weight.uniform_(0.5, 2.0)
+        pool.norm.bias.normal_()
+        pool.key.bias.normal_()
+        pool.value.bias.normal_()
+    tokens = torch.randn(4, 6, 12) * 3 + 1
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[1, 3:] = False
+    mask[2, 1:] = False
+
+    def direct(p: TextPool) -> torch.Tensor:
+        t = p.norm(tokens)
+        k, v = p.key(t), p.value(t)
+        logits = torch.einsum("qd,bld->bql", p.queries, k) / k.shape[-1] ** 0.5
+        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+        return torch.einsum("bql,bld->bqd", torch.softmax(logits, dim=-1), v).flatten(1)
+
+    fast, slow = pool._attend(tokens, mask), direct(pool)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    grads = []
+    for out in (fast, slow):
+        pool.zero_grad()
+        (out * torch.linspace(-1, 1, out.shape[1])).sum().backward(retain_graph=True)
+        grads.append({n: p.grad.clone() for n, p in pool.named_parameters() if p.grad is not None})
+    # the key's bias shifts every logit of a query alike: no gradient in either form
+    assert torch.allclose(grads[1].pop("key.bias"), torch.zeros(5), atol=1e-6) and "key.bias" not in grads[0]
+    assert grads[0].keys() == grads[1].keys() and {"queries", "norm.weight", "value.weight"} <= grads[0].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5, msg=name)
+    padded = torch.where(mask[..., None], tokens, torch.full_like(tokens, 1e3))  # padding is never read
+    torch.testing.assert_close(pool._attend(padded, mask), fast)
+
+
 def test_lr_schedule_warms_up_then_decays():
     policy = build("flow", warmup_steps=10)
     opt = policy.make_optimizer()

@@ -120,12 +120,27 @@ class TextPool(nn.Module):
                 keep = torch.rand(mask.shape, device=mask.device) >= self.token_dropout
                 keep[:, 0] = True
                 mask = mask & keep
-            t = self.norm(tokens)
-            k, v = self.key(t), self.value(t)
-            logits = torch.einsum("qd,bld->bql", self.queries, k) / k.shape[-1] ** 0.5
-            logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
-            feats.append(torch.einsum("bql,bld->bqd", torch.softmax(logits, dim=-1), v).flatten(1))
+            feats.append(self._attend(tokens, mask))
         return self.feature_dropout(F.mish(self.proj(torch.cat(feats, dim=-1))))
+
+    def _attend(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention of the queries over ``value(norm(tokens))`` with keys ``key(norm(tokens))``.
+
+        Computed in the token space, the same function for far less work. With n the tokens
+        normalised without the affine (frozen inputs: no gradient) and g, b the norm's scale and
+        shift, the logit ``q . key(g n + b) = ((W_k^T q) * g) . n + c_q``, where the constant c_q
+        cancels in the softmax; and since the weights a sum to one, ``sum_t a_t value(g n_t + b) =
+        value(g (sum_t a_t n_t) + b)``. So the L tokens meet Q query vectors rather than two D x
+        key_dim matrices: a training step of the MT10 policy (batch 128, two threads) takes 23 ms
+        instead of 26-31 ms. The parameters, and so checkpoints, are those of the direct form;
+        ``tests/test_policies.py`` checks that both agree.
+        """
+        n = F.layer_norm(tokens, tokens.shape[-1:], eps=self.norm.eps)  # (B, L, D)
+        qk = (self.queries @ self.key.weight) * self.norm.weight  # (Q, D)
+        logits = torch.matmul(n, qk.t()).transpose(1, 2) / self.key.out_features ** 0.5  # (B, Q, L)
+        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+        pooled = torch.bmm(torch.softmax(logits, dim=-1), n)  # (B, Q, D)
+        return self.value(pooled * self.norm.weight + self.norm.bias).flatten(1)
 
 
 class ObsEncoder(nn.Module):
