@@ -158,6 +158,41 @@ def test_reset_is_deterministic(task):
     assert not np.array_equal(a["state"][36:], c["state"][36:])  # another goal
 
 
+def test_scene_compiled_once_and_each_env_owns_its_model():
+    """Envs after the first copy the compiled model: the same simulation, a model of their own."""
+    import mujoco
+    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+
+    from sim.metaworld import world
+
+    task = "peg-insert-side-v3"  # moves its box in the model at reset
+    world._COMPILED.clear()
+    compile_xml = MujocoEnv.__dict__["_initialize_simulation"]
+    first, second = make_env(task), make_env(task)
+    assert MujocoEnv.__dict__["_initialize_simulation"] is compile_xml  # put back after building
+    assert len(world._COMPILED) == 1
+    fresh = mujoco.MjModel.from_xml_path(first.unwrapped.mw.fullpath)
+    model = second.unwrapped.mw.model
+    for name in ("body_pos", "body_quat", "geom_size", "geom_pos", "jnt_range", "actuator_gear", "opt.timestep"):
+        obj_f, obj_m = fresh, model
+        for part in name.split("."):
+            obj_f, obj_m = getattr(obj_f, part), getattr(obj_m, part)
+        np.testing.assert_array_equal(np.asarray(obj_m), np.asarray(obj_f), err_msg=name)
+    runs = []
+    for env in (first, second):
+        obs, _ = env.reset(seed=3)
+        states = [obs["state"]]
+        for _ in range(30):
+            states.append(env.step(env.unwrapped.expert_action())[0]["state"])
+        runs.append(np.stack(states))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert first.unwrapped.mw.model is not second.unwrapped.mw.model
+    before = np.array(second.unwrapped.mw.model.body_pos)
+    first.reset(seed=4)  # moves the box in the first env's model only
+    np.testing.assert_array_equal(second.unwrapped.mw.model.body_pos, before)
+    assert not np.array_equal(first.unwrapped.mw.model.body_pos, before)
+
+
 @pytest.mark.parametrize("task", ["reach-v3", "button-press-topdown-v3", "drawer-close-v3"])
 def test_expert_succeeds(task):
     env = make_env(task)
