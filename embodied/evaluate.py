@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from embodied.policy import Policy
+from embodied.policy import Policy, batch_row
 from embodied.registry import make_env
 from embodied.rollout import EpisodeResult, run_episodes, wilson_interval
 
@@ -184,7 +184,7 @@ class RowwisePolicy(Policy):
 
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
         b = len(obs_batch["instruction"])
-        rows = [{k: _row(v, i) for k, v in obs_batch.items()} for i in range(b)]
+        rows = [batch_row(obs_batch, i) for i in range(b)]
         if noise is None and self.noise_shape is not None:
             noise = np.concatenate([_row_noise(self.seed, row, tuple(self.noise_shape)) for row in rows])
         with _one_torch_thread():
@@ -207,14 +207,6 @@ def _one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(n)
-
-
-def _row(value: Any, i: int) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _row(v, i) for k, v in value.items()}
-    if isinstance(value, str) or not hasattr(value, "__getitem__"):
-        return value
-    return value[i: i + 1]
 
 
 def _row_noise(seed: int, row: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:

@@ -35,6 +35,15 @@ def stack_history(history: list[Observation]) -> dict[str, Any]:
     return out
 
 
+def batch_row(value: Any, i: int) -> Any:
+    """Row ``i`` of an observation batch (arrays, lists, nested mappings) as a batch of one."""
+    if isinstance(value, Mapping):
+        return {k: batch_row(v, i) for k, v in value.items()}
+    if isinstance(value, str) or not hasattr(value, "__getitem__"):
+        return value
+    return value[i: i + 1]
+
+
 class Policy(abc.ABC):
     """Base class. Subclasses set the three horizons and implement ``predict_chunk``.
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from embodied.errors import SpecMismatchError
-from embodied.policy import Observation, Policy
+from embodied.policy import Observation, Policy, batch_row
 from embodied.specs import ActionSpec, ObservationSpec
 from policies.common.config import PolicyConfig
 from policies.common.ema import EMA
@@ -292,7 +292,7 @@ class TorchPolicy(Policy, nn.Module):
         b = obs["state"].shape[0]
         noise_t = self._read_noise(noise, b)
         if not self.batches_rows or b == 1:
-            return np.concatenate([self.predict_chunk(_batch_row(obs_batch, i), noise_t[i: i + 1]) for i in range(b)])
+            return np.concatenate([self.predict_chunk(batch_row(obs_batch, i), noise_t[i: i + 1]) for i in range(b)])
         model = self.inference_model
         was_training = model.training
         if was_training:
@@ -410,12 +410,3 @@ class TorchPolicy(Policy, nn.Module):
         from policies.common.checkpoint import save_policy
 
         save_policy(self, path)
-
-
-def _batch_row(value: Any, i: int) -> Any:
-    """Row i of a batch (a mapping of arrays / lists, nested), as a batch of one."""
-    if isinstance(value, Mapping):
-        return {k: _batch_row(v, i) for k, v in value.items()}
-    if isinstance(value, str) or not hasattr(value, "__getitem__"):
-        return value
-    return value[i: i + 1]
