@@ -271,10 +271,12 @@ class TorchPolicy(Policy, nn.Module):
 
     @property
     def batches_rows(self) -> bool:
-        """Whether ``predict_rows`` runs its rows as one batch (state observations and an MLP
-        head: their kernels are row-invariant under ``row_invariant``) or one by one (the
-        image encoder's and the U-Net's convolutions are not)."""
-        return self.config.obs_mode == "state" and getattr(self.config, "net", "mlp") == "mlp"
+        """Whether ``predict_rows`` runs its rows as one batch: on a CPU, with state
+        observations and an MLP head, whose kernels ``row_invariant`` makes row-invariant.
+        Otherwise rows run one by one: the image encoder's and the U-Net's convolutions are
+        not row-invariant, nor are GPU matmuls checked to be."""
+        return (self.device.type == "cpu" and self.config.obs_mode == "state"
+                and getattr(self.config, "net", "mlp") == "mlp")
 
     @torch.no_grad()
     def predict_rows(self, obs_batch: Mapping[str, Any], noise: np.ndarray | torch.Tensor | None = None) -> np.ndarray:
