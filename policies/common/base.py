@@ -206,10 +206,12 @@ class TorchPolicy(Policy, nn.Module):
             raise ValueError("noise has non-finite values")
         return t
 
-    def _encode(self, model: nn.ModuleDict, obs: dict[str, Any], aux: bool = False
+    def _encode(self, model: nn.ModuleDict, obs: dict[str, Any], aux: bool = False, text: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Conditioning features (B, C); with ``aux`` also the predicted privileged state."""
-        text = self._text_features(model, obs["instruction"], obs["task"])
+        """Conditioning features (B, C); with ``aux`` also the predicted privileged state.
+        ``text``: the text features, when already computed."""
+        if text is None:
+            text = self._text_features(model, obs["instruction"], obs["task"])
         out = model["obs"](self.normalizer.normalize_state(obs["state"]), obs["images"], text, aux=aux)
         if aux:
             return torch.cat([out[0], text], dim=-1), out[1]
@@ -256,18 +258,31 @@ class TorchPolicy(Policy, nn.Module):
                 (seeded by ``config.seed``). Same observation + same noise -> same chunk.
         """
         obs = self._read_obs(obs_batch, "obs_batch")
-        noise_t = self._read_noise(noise, obs["state"].shape[0])
+        return self._chunk(obs, self._read_noise(noise, obs["state"].shape[0]))
+
+    def _chunk(self, obs: dict[str, Any], noise_t: torch.Tensor, rowwise: bool = False) -> np.ndarray:
+        """The chunk (B, H, Da) in env units from read observations and noise, by the
+        inference weights in eval mode. ``rowwise``: text features row by row, the rest as
+        one batch under ``row_invariant`` (see ``predict_rows``)."""
         model = self.inference_model
         was_training = model.training
         if was_training:  # train()/eval() walk every module: ~1 ms a call, 1/7 of a one-row chunk
             model.eval()
         try:
-            chunk = self.sample(model, self._encode(model, obs), noise_t).clamp(-1.0, 1.0)
+            if rowwise:
+                tasks = obs["task"]
+                text = torch.cat([self._text_features(model, obs["instruction"][i: i + 1],
+                                                      None if tasks is None else tasks[i: i + 1])
+                                  for i in range(len(obs["instruction"]))])
+                with row_invariant():
+                    chunk = self.sample(model, self._encode(model, obs, text=text), noise_t)
+            else:
+                chunk = self.sample(model, self._encode(model, obs), noise_t)
         finally:
             if was_training:
                 model.train()
-        chunk = self.normalizer.unnormalize_action(chunk).clamp(self.action_spec.low, self.action_spec.high)
-        return chunk.float().cpu().numpy()
+        chunk = self.normalizer.unnormalize_action(chunk.clamp(-1.0, 1.0))
+        return chunk.clamp(self.action_spec.low, self.action_spec.high).float().cpu().numpy()
 
     @property
     def batches_rows(self) -> bool:
@@ -293,24 +308,9 @@ class TorchPolicy(Policy, nn.Module):
         obs = self._read_obs(obs_batch, "obs_batch")
         b = obs["state"].shape[0]
         noise_t = self._read_noise(noise, b)
-        if not self.batches_rows or b == 1:
-            return np.concatenate([self.predict_chunk(batch_row(obs_batch, i), noise_t[i: i + 1]) for i in range(b)])
-        model = self.inference_model
-        was_training = model.training
-        if was_training:
-            model.eval()
-        try:
-            tasks = obs["task"]
-            text = torch.cat([self._text_features(model, obs["instruction"][i: i + 1],
-                                                  None if tasks is None else tasks[i: i + 1]) for i in range(b)])
-            with row_invariant():
-                feats = model["obs"](self.normalizer.normalize_state(obs["state"]), obs["images"], text)
-                chunk = self.sample(model, torch.cat([feats, text], dim=-1), noise_t).clamp(-1.0, 1.0)
-        finally:
-            if was_training:
-                model.train()
-        chunk = self.normalizer.unnormalize_action(chunk).clamp(self.action_spec.low, self.action_spec.high)
-        return chunk.float().cpu().numpy()
+        if self.batches_rows:
+            return self._chunk(obs, noise_t, rowwise=b > 1)
+        return np.concatenate([self.predict_chunk(batch_row(obs_batch, i), noise_t[i: i + 1]) for i in range(b)])
 
     def act(self, obs: Observation) -> np.ndarray:
         """Next action (Da,) from the chunk queue (see ``embodied.Policy.act``).
