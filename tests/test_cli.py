@@ -244,6 +244,8 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     mt_px = apply_recipe(TrainConfig(suite="metaworld-mt10", obs_mode="pixels"))
     assert mt_px.demos == mt["pixels"]["demos"]  # the suite's pixel entry, over the pixel recipe
     assert (mt_px.batch_size, mt_px.steps) == (PIXEL_RECIPE["batch_size"], PIXEL_RECIPE["steps"])  # over the suite's
+    assert cfg.batch_size == mt["batch_size"] != RECIPE["batch_size"] and cfg.policy["lr"] == mt["policy"]["lr"]
+    assert mt_px.policy["lr"] == mt["pixels"]["policy"]["lr"] != mt["policy"]["lr"]  # the pixel entry's lr wins
     bad = dataclasses.replace(get_suite("manipulation"), name="_bad_recipe", train_defaults={"demoz": 3})
     monkeypatch.setitem(registry._SUITES, "_bad_recipe", bad)  # removed again after the test
     with pytest.raises(ValueError, match="demoz"):
