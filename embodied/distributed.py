@@ -354,6 +354,7 @@ class PolicySource:
     checkpoint: str = ""
     device: str = "auto"
     num_inference_steps: int = 0
+    ground_instructions: bool | None = None  # None: the checkpoint's setting
 
     def load(self) -> Policy | str:
         """``"expert"``, or the checkpoint's policy wrapped in ``RowwisePolicy``.
@@ -371,7 +372,8 @@ class PolicySource:
 def _load_cached(source: PolicySource, stamp: tuple[Any, ...]) -> RowwisePolicy:
     from embodied.commands.eval import load_for_eval
 
-    return RowwisePolicy(load_for_eval(source.checkpoint, source.device, source.num_inference_steps))
+    return RowwisePolicy(load_for_eval(source.checkpoint, source.device, source.num_inference_steps,
+                                       source.ground_instructions))
 
 
 def eval_shard(source: PolicySource, shard: Shard, env_kwargs: Mapping[str, Any], num_envs: int, vector: str,

@@ -20,18 +20,33 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from embodied.policy import Policy, batch_row
-from embodied.registry import make_env
+from embodied.registry import get_task, make_env
 from embodied.rollout import EpisodeResult, run_episodes, wilson_interval
 
 SPLITS = ("train", "heldout")
 
 
-def _summary(results: Sequence[EpisodeResult]) -> dict[str, Any]:
+def _summary(results: Sequence[EpisodeResult], own: frozenset[str] | None = None) -> dict[str, Any]:
     k, n = sum(r.success for r in results), len(results)
     lo, hi = wilson_interval(k, n)
-    return {"success_rate": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "episodes": n,
-            "mean_return": float(np.mean([r.ret for r in results])) if n else 0.0,
-            "mean_length": float(np.mean([r.length for r in results])) if n else 0.0}
+    out = {"success_rate": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "episodes": n,
+           "mean_return": float(np.mean([r.ret for r in results])) if n else 0.0,
+           "mean_length": float(np.mean([r.length for r in results])) if n else 0.0}
+    grounded = [r for r in results if getattr(r, "grounded", None) is not None]
+    if grounded:  # the policy acted on another wording than the one given (see Policy.ground_instruction)
+        out["grounded_episodes"] = len(grounded)
+        if own is not None:
+            out["grounded_to_own_task"] = sum(r.grounded in own for r in grounded) / len(grounded)
+    return out
+
+
+def _own_wordings(task: str) -> frozenset[str] | None:
+    """The task's training wordings, when they are plain sentences (no ``{parameters}``)."""
+    try:
+        words = get_task(task).train_instructions
+    except Exception:  # noqa: BLE001 - a task unknown here only loses this statistic
+        return None
+    return None if any("{" in w for w in words) else frozenset(words)
 
 
 def evaluate(
@@ -132,7 +147,7 @@ def summarize(tasks: Sequence[str], results: Mapping[str, Sequence[EpisodeResult
     per_task: dict[str, dict[str, Any]] = {t: {} for t in tasks}
     for key, res in results.items():
         task, split = key.rsplit("/", 1)
-        summ = _summary(res)
+        summ = _summary(res, _own_wordings(task) if any(getattr(r, "grounded", None) for r in res) else None)
         if split == "train":
             per_task[task].update(summ)
         else:
@@ -181,6 +196,10 @@ class RowwisePolicy(Policy):
         super().__init__()
         self.noise_shape = getattr(policy, "noise_shape", None) if getattr(policy, "generative", True) else None
         self.seed = int(getattr(getattr(policy, "config", None), "seed", 0))
+
+    def ground_instruction(self, instruction: str, obs: Mapping[str, Any]) -> str:
+        with _one_torch_thread():  # the encoder's vector must not depend on this process's threads
+            return self.policy.ground_instruction(instruction, obs)
 
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
         b = len(obs_batch["instruction"])
@@ -266,11 +285,32 @@ def write_report(out_dir: str | os.PathLike[str], metrics: Mapping[str, Any], ti
             row += f"{_fmt(p.get('custom'))} | "
         lines.append(row + f"{p.get('mean_length', 0):.0f} | {vids} |")
     lines += ["", f"![success per task]({png.name})", ""]
+    lines += _grounding_lines(per)
     if metrics.get("checkpoints"):
         lines += _series_section(out, metrics["checkpoints"])
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _grounding_lines(per: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the policy did with wordings it was not trained on (``Policy.ground_instruction``)."""
+    parts = [(t, split, q) for t, p in per.items() for split, q in [("train", p), *p.items()]
+             if isinstance(q, Mapping) and q.get("grounded_episodes")]
+    if not parts:
+        return []
+    n = sum(q["grounded_episodes"] for _, _, q in parts)
+    known = [(t, s, q) for t, s, q in parts if "grounded_to_own_task" in q]
+    own = sum(q["grounded_to_own_task"] * q["grounded_episodes"] for _, _, q in known)
+    line = (f"Grounded in the scene: in {n} episodes the policy acted on one of its training wordings instead "
+            "of the wording given (`policies/common/grounding.py`)")
+    if known:
+        m = sum(q["grounded_episodes"] for _, _, q in known)
+        others = ", ".join(f"{t} {100 * q['grounded_to_own_task']:.0f}%" for t, _, q in known
+                           if q["grounded_to_own_task"] < 1)
+        line += f"; {100 * own / m:.1f}% of them on a wording of the episode's own task"
+        line += f" (less on {others})" if others else ""
+    return [line + ".", ""]
 
 
 def checkpoint_entry(checkpoint: str, step: int, metrics: Mapping[str, Any], step_source: str = "name"

@@ -60,14 +60,23 @@ class Policy(abc.ABC):
     def __init__(self) -> None:
         self._queue: deque[np.ndarray] = deque()
         self._history: deque[Observation] = deque(maxlen=max(1, self.n_obs_steps))
+        self._grounded: tuple[str, str] | None = None
 
     def reset(self) -> None:
-        """Forget the action queue and observation history (call at episode start)."""
+        """Forget the action queue, observation history and grounded instruction (call at episode start)."""
         self._queue.clear()
         self._history = deque(maxlen=max(1, self.n_obs_steps))
+        self._grounded = None
+
+    def ground_instruction(self, instruction: str, obs: Observation) -> str:
+        """The wording this policy acts on when ``instruction`` is given with ``obs`` (the
+        first observation that carries it). The identity here; a policy may map wordings it
+        was not trained on to ones it was (see ``policies.common.grounding``)."""
+        return instruction
 
     def act(self, obs: Observation) -> np.ndarray:
         """Return the next action (Da,) float32 for one observation; refills the queue."""
+        obs = self._with_grounded(obs)
         if not self._history:  # pad history with the first observation
             for _ in range(max(1, self.n_obs_steps) - 1):
                 self._history.append(obs)
@@ -80,6 +89,15 @@ class Policy(abc.ABC):
                 raise FloatingPointError("policy produced a non-finite action chunk")
             self._queue.extend(chunk[0, : self.n_action_steps].astype(np.float32))
         return self._queue.popleft()
+
+    def _with_grounded(self, obs: Observation) -> Observation:
+        """``obs`` with its instruction grounded, once per new instruction (see ``ground_instruction``)."""
+        if "instruction" not in obs:
+            return obs
+        raw = str(obs["instruction"])
+        if self._grounded is None or self._grounded[0] != raw:
+            self._grounded = (raw, self.ground_instruction(raw, obs))
+        return obs if self._grounded[1] == raw else {**obs, "instruction": self._grounded[1]}
 
     @abc.abstractmethod
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:

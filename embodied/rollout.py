@@ -28,6 +28,7 @@ class EpisodeResult:
     length: int
     ret: float
     frames: list[np.ndarray] = field(default_factory=list, repr=False)
+    grounded: str | None = None  # the wording the policy acted on, when it grounded ``instruction`` to another
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -54,18 +55,30 @@ class BatchActor:
         self.ta = max(1, int(getattr(policy, "n_action_steps", 1)))
         self.queues: list[deque[np.ndarray]] = [deque() for _ in range(num_envs)]
         self.hist: list[deque[dict[str, Any]]] = [deque(maxlen=self.to) for _ in range(num_envs)]
+        # (instruction given, instruction acted on) per env: ``policy.ground_instruction`` runs
+        # on the first observation that carries a new instruction
+        self.grounded: list[tuple[str, str] | None] = [None] * num_envs
 
     def reset(self, i: int) -> None:
         self.queues[i].clear()
         self.hist[i].clear()
+        self.grounded[i] = None
+
+    def _ground(self, i: int, o: dict[str, Any]) -> dict[str, Any]:
+        raw = str(o["instruction"])
+        g = self.grounded[i]
+        if g is None or g[0] != raw:
+            g = self.grounded[i] = (raw, self.policy.ground_instruction(raw, o))
+        return o if g[1] == raw else {**o, "instruction": g[1]}
 
     def act(self, obs: list[dict[str, Any]], active: Sequence[int], extra: dict[str, list[Any]] | None = None
             ) -> dict[int, np.ndarray]:
         for i in active:
+            o = self._ground(i, obs[i])
             h = self.hist[i]
             while len(h) < self.to - 1:
-                h.append(obs[i])
-            h.append(obs[i])
+                h.append(o)
+            h.append(o)
         need = [i for i in active if not self.queues[i]]
         if need:
             parts = [stack_history(list(self.hist[i])) for i in need]
@@ -191,8 +204,10 @@ def run_episodes(
                 ret[i] += float(rew[i])
                 length[i] += 1
                 if term[i] or trunc[i]:
+                    g = actor.grounded[i] if actor is not None else None
                     results[slot[i]] = EpisodeResult(seeds[slot[i]], instr[i], bool(info["success"][i]),
-                                                     int(length[i]), float(ret[i]), frames[i])
+                                                     int(length[i]), float(ret[i]), frames[i],
+                                                     g[1] if g is not None and g[1] != g[0] else None)
                     done.append(i)
                     if progress is not None:
                         progress.update(1)

@@ -103,27 +103,32 @@ def test_train_eval_play_resume(tmp_path):
     steps = 30 if SMALL else 300
     run = tmp_path / "train"
     common = ("tasks=[reach,press-button]", "demos=3", f"dataset={tmp_path}/ds", "eval_episodes=2",
-              "num_envs=2", "videos=1", "save_every=10", f"hydra.run.dir={run}")
+              "num_envs=2", "videos=1", "save_every=10", "ground_instructions=true", f"hydra.run.dir={run}")
     embodied("train", f"steps={steps}", *common, cwd=tmp_path)
     m = json.loads((run / "metrics.json").read_text())
     for key in ("success_rate", "heldout_paraphrase_success_rate", "per_task", "wall_time_s", "success_curve"):
         assert key in m
     assert set(m["per_task"]) == {"reach", "press-button"} and "workers" not in m  # 8 episodes: this process
-    for f in ("checkpoint/model.safetensors", "checkpoint/config.json", "report.md", "training_curve.png",
-              "success.png"):
+    for f in ("checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/grounding.npz", "report.md",
+              "training_curve.png", "success.png"):
         assert (run / f).exists(), f
+    # every held-out wording is new to the policy, so each of those episodes ran on a training wording
+    assert all(p["heldout"]["grounded_episodes"] == 2 and "grounded_episodes" not in p for p in m["per_task"].values())
     # resume: the same run dir with more steps continues from the saved step
     r = embodied("train", f"steps={steps + 10}", "workers=2", *common, cwd=tmp_path)
     assert f"resuming from {run}/checkpoint at step {steps}" in r.stderr + r.stdout
     m = json.loads((run / "metrics.json").read_text())  # evaluated in two worker processes from checkpoint/
     assert m["workers"] == 2 and m["runner"] == "local" and m["videos"] and set(m["per_task"]) == {"reach", "press-button"}
-    # the checkpoint evaluates and plays
+    assert m["per_task"]["reach"]["heldout"]["grounded_episodes"] == 2  # the workers ground too
+    # the checkpoint evaluates (here without grounding) and plays
     embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach]", "episodes=2", "num_envs=2",
-             f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+             "ground_instructions=false", f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+    assert "grounded_episodes" not in json.loads((tmp_path / "eval/metrics.json").read_text())["per_task"]["reach"]["heldout"]
     embodied("play", f"checkpoint={run}/checkpoint", "task=reach", "instruction=hover above the green cube",
              f"hydra.run.dir={tmp_path}/play", cwd=tmp_path)
     m = json.loads((tmp_path / "play/metrics.json").read_text())
     assert m["instruction"] == "hover above the green cube" and m["video"]
+    assert m["acted_on"] != m["instruction"]  # a new wording: the policy acted on a training one
     # a checkpoint on a task whose spec differs is refused with a clear message
     r = embodied("eval", f"checkpoint={run}/checkpoint", "suite=navigation", "episodes=1",
                  f"hydra.run.dir={tmp_path}/bad", cwd=tmp_path, check=False)
@@ -237,7 +242,8 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     pixels = apply_recipe(TrainConfig(obs_mode="pixels", policy={"name": "flow", "n_obs_steps": 2, "horizon": 16}))
     assert (pixels.demos, pixels.batch_size, pixels.steps) == (PIXEL_RECIPE["demos"], PIXEL_RECIPE["batch_size"],
                                                                PIXEL_RECIPE["steps"])
-    assert pixels.policy == {"name": "flow", "n_obs_steps": 1, "horizon": 16}  # left at the default: the recipe's
+    # left at the default: the recipe's (and the resolved grounding setting)
+    assert pixels.policy == {"name": "flow", "n_obs_steps": 1, "horizon": 16, "ground_instructions": False}
     kept = apply_recipe(TrainConfig(obs_mode="pixels", batch_size=32, policy={"name": "flow", "n_obs_steps": 3}))
     assert kept.batch_size == 32 and kept.policy["n_obs_steps"] == 3  # the user's values win
     assert cfg.steps == mt["steps"] and cfg.policy["text_token_dropout"] == mt["policy"]["text_token_dropout"]
@@ -246,6 +252,15 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     assert (mt_px.batch_size, mt_px.steps) == (PIXEL_RECIPE["batch_size"], PIXEL_RECIPE["steps"])  # over the suite's
     assert cfg.batch_size == mt["batch_size"] != RECIPE["batch_size"] and cfg.policy["lr"] == mt["policy"]["lr"]
     assert mt_px.policy["lr"] == mt["pixels"]["policy"]["lr"] != mt["policy"]["lr"]  # the pixel entry's lr wins
+    # Meta-World grounds unfamiliar wordings with state observations; not with pixels, not a
+    # one-hot policy, and not when told not to
+    assert cfg.ground_instructions and cfg.policy["ground_instructions"] and not plain.ground_instructions
+    assert not mt_px.ground_instructions and not mt_px.policy["ground_instructions"]
+    onehot = apply_recipe(TrainConfig(suite="metaworld-mt10", policy={"name": "mlp", "text_encoder": "onehot"}))
+    assert not onehot.policy["ground_instructions"]
+    off = apply_recipe(TrainConfig(suite="metaworld-mt10", ground_instructions=False))
+    assert not off.ground_instructions and not off.policy["ground_instructions"]
+    assert apply_recipe(TrainConfig(policy={"name": "flow", "ground_instructions": True})).ground_instructions
     bad = dataclasses.replace(get_suite("manipulation"), name="_bad_recipe", train_defaults={"demoz": 3})
     monkeypatch.setitem(registry._SUITES, "_bad_recipe", bad)  # removed again after the test
     with pytest.raises(ValueError, match="demoz"):

@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from embodied.app import hydra_command, run_dir
 from embodied.distributed import PolicySource, evaluate_sharded, ray_options
@@ -53,6 +53,7 @@ class EvalConfig:
     vector: str = "auto"  # auto: async (worker processes) for pixels, sync for state
     videos: int = 2  # episodes per task whose frames are kept (one success + one failure saved)
     num_inference_steps: int = 0  # 0: the checkpoint's setting
+    ground_instructions: Optional[bool] = None  # null: the checkpoint's setting (policies.common.grounding)
     device: str = "auto"
     progress: bool = True
     runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
@@ -194,12 +195,18 @@ def resolve_checkpoints(cfg: EvalConfig) -> list[tuple[str, int, str]] | None:
     return sorted(found, key=lambda c: c[1])  # stable: equal steps keep the given order
 
 
-def load_for_eval(checkpoint: str, device: str = "auto", num_inference_steps: int = 0) -> Any:
+def load_for_eval(checkpoint: str, device: str = "auto", num_inference_steps: int = 0,
+                  ground_instructions: bool | None = None) -> Any:
     from policies import load_policy
 
     policy = load_policy(checkpoint, device=device)
     if num_inference_steps:
         policy.num_inference_steps = num_inference_steps
+    if ground_instructions is not None:
+        if ground_instructions and getattr(policy, "grounding", None) is None:
+            raise ValueError(f"ground_instructions=true is not allowed for {checkpoint!r}: it has no grounding.npz "
+                             "(train with policy.ground_instructions=true to build one)")
+        policy.config.ground_instructions = bool(ground_instructions)
     return policy
 
 
@@ -277,7 +284,7 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
     """One evaluation of ``policy``, else of ``checkpoint``, else of the experts."""
     env_kwargs: dict[str, Any] = {}
     if policy is None and checkpoint:
-        policy = load_for_eval(checkpoint, cfg.device, cfg.num_inference_steps)
+        policy = load_for_eval(checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions)
     if policy is None:
         policy = "expert"
     else:
@@ -289,7 +296,8 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
         if not checkpoint and policy != "expert":
             raise ValueError(f"{'runner=ray' if cfg.runner == 'ray' else f'workers={workers}'} loads the policy "
                              "on each worker from checkpoint=PATH; this policy has none")
-        return evaluate_sharded(PolicySource(checkpoint, cfg.device, cfg.num_inference_steps), tasks,
+        return evaluate_sharded(PolicySource(checkpoint, cfg.device, cfg.num_inference_steps,
+                                             cfg.ground_instructions), tasks,
                                 cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
                                 instructions, videos, cfg.progress, ray_options(cfg), workers=workers)
     return evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
@@ -300,12 +308,16 @@ def log_table(metrics: dict[str, Any]) -> None:
     for t, p in metrics["per_task"].items():
         h = p.get("heldout", {})
         c = p.get("custom", {})
-        log.info("%-16s train %5.1f%% [%4.1f, %5.1f]  heldout %s%s", t, 100 * p.get("success_rate", 0),
-                 100 * p.get("ci_low", 0), 100 * p.get("ci_high", 0),
+        trained = (f"{100 * p['success_rate']:5.1f}% [{100 * p['ci_low']:4.1f}, {100 * p['ci_high']:5.1f}]"
+                   if "success_rate" in p else "  –  ")
+        log.info("%-16s train %s  heldout %s%s", t, trained,
                  f"{100 * h['success_rate']:5.1f}%" if h else "  –  ",
                  f"  custom {100 * c['success_rate']:5.1f}%" if c else "")
-    log.info("mean success %.3f, held-out paraphrases %s (%.0f s)", metrics["success_rate"] or 0,
-             metrics["heldout_paraphrase_success_rate"], metrics["wall_time_s"])
+    def pct(v: float | None) -> str:
+        return "–" if v is None else f"{100 * v:.1f}%"
+
+    log.info("mean success %s, held-out paraphrases %s (%.0f s)", pct(metrics["success_rate"]),
+             pct(metrics["heldout_paraphrase_success_rate"]), metrics["wall_time_s"])
 
 
 @hydra_command("eval", EvalConfig)

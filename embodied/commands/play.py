@@ -4,14 +4,16 @@
     embodied play policy=expert task=open-drawer
 
 Writes ``episode.mp4`` (GIF without an encoder) and ``metrics.json`` (success, length,
-return, the instruction used) to ``hydra.run.dir``.
+return, the instruction given and the one acted on: a checkpoint that grounds unfamiliar
+wordings runs on its nearest training wording, see ``policies.common.grounding``) to
+``hydra.run.dir``.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from embodied.app import hydra_command, run_dir
 from embodied.evaluate import save_videos, write_json
@@ -31,6 +33,7 @@ class PlayConfig:
     seed: int = 0
     render_size: int = 224
     device: str = "auto"
+    ground_instructions: Optional[bool] = None  # null: the checkpoint's setting (policies.common.grounding)
 
     def __post_init__(self) -> None:
         if not self.checkpoint and self.policy.get("name") != "expert":
@@ -51,7 +54,7 @@ def main(cfg: PlayConfig) -> dict[str, Any]:
     policy: Any = "expert"
     kw: dict[str, Any] = {}
     if cfg.checkpoint:
-        policy = load_for_eval(cfg.checkpoint, cfg.device)
+        policy = load_for_eval(cfg.checkpoint, cfg.device, ground_instructions=cfg.ground_instructions)
         kw = policy_env_kwargs(policy, [cfg.task])
     if cfg.instruction:
         kw["instructions"] = [cfg.instruction]
@@ -60,10 +63,11 @@ def main(cfg: PlayConfig) -> dict[str, Any]:
     out = run_dir()
     kind = "success" if res.success else "failure"
     videos = save_videos(out, {f"{cfg.task}/train": [res]})
-    metrics = {"task": cfg.task, "instruction": res.instruction, "success": res.success, "length": res.length,
-               "return": res.ret, "seed": cfg.seed, "video": videos.get(f"{cfg.task}/{kind}"),
-               "policy": cfg.checkpoint or "expert"}
+    metrics = {"task": cfg.task, "instruction": res.instruction, "acted_on": res.grounded or res.instruction,
+               "success": res.success, "length": res.length, "return": res.ret, "seed": cfg.seed,
+               "video": videos.get(f"{cfg.task}/{kind}"), "policy": cfg.checkpoint or "expert"}
     write_json(out / "metrics.json", metrics)
-    log.info("%s: %r -> %s in %d steps; video %s", cfg.task, res.instruction, kind, res.length,
+    grounded = f" (acted on {res.grounded!r})" if res.grounded else ""
+    log.info("%s: %r%s -> %s in %d steps; video %s", cfg.task, res.instruction, grounded, kind, res.length,
              out / str(metrics["video"]))
     return metrics

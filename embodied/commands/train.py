@@ -67,6 +67,9 @@ class TrainConfig:
     demo_noise: float | None = None  # noise on executed expert actions while collecting (recovery data)
     steps: int | None = None  # gradient steps
     batch_size: int | None = None
+    # ground wordings the policy was not trained on in the scene (policies.common.grounding);
+    # sets policy.ground_instructions and stores the index in the checkpoint
+    ground_instructions: bool | None = None
     eval_every: int = 0  # steps between periodic evaluations (0: final only)
     eval_episodes_periodic: int = 10  # per task, training paraphrases
     eval_episodes: int | None = None  # final evaluation, per task and split
@@ -103,11 +106,13 @@ class TrainConfig:
 #: the user left at their default (``policy.<field>=value`` given explicitly still wins,
 #: unless it equals the default).
 RECIPE: dict[str, Any] = {"demos": 400, "demo_noise": 0.1, "eval_episodes": 50, "steps": 16000,
-                          "batch_size": 128, "policy": {}}
+                          "batch_size": 128, "ground_instructions": False, "policy": {}}
 #: Pixel observations (``obs_mode=pixels``), over ``RECIPE``: 200 demos per task, batch 64,
 #: 15k steps, one frame of history. On the manipulation suite (side camera, 64 px, auxiliary
 #: state loss) this reached 76.8% (70.0% held-out) in 29.2 CPU-minutes, training and evaluation.
-PIXEL_RECIPE: dict[str, Any] = {"demos": 200, "steps": 15000, "batch_size": 64, "policy": {"n_obs_steps": 1}}
+#: No grounding: with pixels the state is proprioception only, which cannot tell scenes apart.
+PIXEL_RECIPE: dict[str, Any] = {"demos": 200, "steps": 15000, "batch_size": 64, "ground_instructions": False,
+                                "policy": {"n_obs_steps": 1}}
 
 
 def apply_recipe(cfg: TrainConfig) -> TrainConfig:
@@ -147,6 +152,12 @@ def apply_recipe(cfg: TrainConfig) -> TrainConfig:
         for k, v in recipe_policy.items():
             if k not in policy or policy[k] == getattr(default, k):
                 policy[k] = v
+    if cfg.ground_instructions is not None:
+        policy["ground_instructions"] = cfg.ground_instructions
+    elif not policy.get("ground_instructions"):  # policy.ground_instructions=true given by hand stands
+        # a one-hot policy reads the task name: there are no words to ground
+        policy["ground_instructions"] = values["ground_instructions"] and policy.get("text_encoder") != "onehot"
+    values["ground_instructions"] = bool(policy["ground_instructions"])
     return dataclasses.replace(cfg, **values, policy=policy)
 
 
@@ -179,6 +190,22 @@ class Batcher:
         seen = {(self.task_of[e], json.dumps(self.params[e], sort_keys=True, default=str)): e
                 for e in range(len(self.task_of))}
         return sorted({self.instruction(e, k) for e in seen.values() for k in range(len(self.templates[self.task_of[e]]))})
+
+    def instructions_by_task(self) -> dict[str, list[str]]:
+        """Task -> every instruction its batches can hold."""
+        out: dict[str, set[str]] = {}
+        for e in range(len(self.task_of)):
+            out.setdefault(self.task_of[e], set()).update(
+                self.instruction(e, k) for k in range(len(self.templates[self.task_of[e]])))
+        return {t: sorted(v) for t, v in out.items()}
+
+    def grounding(self, k: int) -> Any:
+        """The index that grounds unfamiliar instructions (``policies.common.grounding``)."""
+        from policies.common.grounding import InstructionGrounding
+
+        starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
+        return InstructionGrounding.from_demonstrations(self.instructions_by_task(), self.arrays["state"][starts],
+                                                        self.task_of, self.arrays["state"], k)
 
     def sample(self, batch_size: int) -> dict[str, Any]:
         from embodied.data import sample_windows
@@ -372,6 +399,10 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     batcher = Batcher(ds, tasks, policy.n_obs_steps, policy.horizon, cfg.obs_mode == "pixels", cfg.seed + start_step,
                       privileged=policy.config.aux_state_dim > 0 and "privileged_state" in ds.features)
     policy.prepare_instructions(batcher.all_instructions())  # embed them all at once, not step by step
+    if policy.config.ground_instructions:
+        grounding = batcher.grounding(policy.config.ground_neighbours)
+        grounding.ensure_embeddings(lambda texts: policy.text.embed(texts).numpy())
+        policy.grounding = grounding
     from torch.utils.tensorboard import SummaryWriter
 
     tb = SummaryWriter(str(out / "tb"))

@@ -37,6 +37,7 @@ from embodied.specs import ActionSpec, ObservationSpec
 from policies.common.config import PolicyConfig
 from policies.common.ema import EMA
 from policies.common.encoders import ObsEncoder, TextPool
+from policies.common.grounding import InstructionGrounding
 from policies.common.nets import row_invariant
 from policies.common.normalize import Normalizer
 from policies.common.text import make_text_embedder
@@ -127,6 +128,7 @@ class TorchPolicy(Policy, nn.Module):
         self.ema = EMA(self.model, config.ema_power, config.ema_max_decay) if config.ema else None
         self._generator = torch.Generator().manual_seed(config.seed)
         self._act_task: str | None = None
+        self.grounding: InstructionGrounding | None = None  # set by ``embodied train`` or from the checkpoint
         self.to(resolve_device(device))
 
     # ---- family hooks -------------------------------------------------------------------
@@ -234,6 +236,18 @@ class TorchPolicy(Policy, nn.Module):
         self.text.embed(list(instructions))
         if self.config.text_pool == "attention":
             self.text.embed_tokens(list(instructions))
+
+    def ground_instruction(self, instruction: str, obs: Mapping[str, Any]) -> str:
+        """With ``config.ground_instructions`` and a grounding index, a wording this policy
+        was not trained on becomes the nearest training wording among the tasks whose
+        demonstrations start like ``obs["state"]`` (see ``policies.common.grounding``);
+        otherwise the instruction as given."""
+        if not self.config.ground_instructions or self.grounding is None or "state" not in obs:
+            return instruction
+        state = np.asarray(obs["state"], dtype=np.float32)
+        if state.ndim > 1:  # a history: its first step
+            state = state.reshape(-1, state.shape[-1])[0]
+        return self.grounding.ground(instruction, state, lambda texts: self.text.embed(texts).numpy())
 
     @torch.no_grad()
     def encode_obs(self, obs_batch: Mapping[str, Any]) -> torch.Tensor:

@@ -5,7 +5,9 @@
 buffers (``normalizer.*``), so a checkpoint needs no dataset to run. ``config.json``
 holds the format version, the policy name, the resolved config, the observation and
 action specs, the task names and the text encoder (whose frozen weights are not copied:
-MiniLM comes from its package, open_clip from ``openclip_checkpoint``).
+MiniLM comes from its package, open_clip from ``openclip_checkpoint``). A policy that
+grounds unfamiliar instructions (``ground_instructions``) also has ``grounding.npz``: its
+training wordings and the first states of its demonstrations (``policies.common.grounding``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from embodied.errors import SpecMismatchError
 from embodied.specs import ActionSpec, ObservationSpec, check_compatible
+from policies.common.grounding import GROUNDING_FILE, InstructionGrounding
 
 if TYPE_CHECKING:
     from policies.common.base import TorchPolicy
@@ -46,6 +49,11 @@ def save_policy(policy: "TorchPolicy", path: str | Path) -> Path:
     }
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION), "policy": policy.name})
     (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    grounding = getattr(policy, "grounding", None)
+    if grounding is not None:
+        grounding.save(out / GROUNDING_FILE)
+    else:  # never leave another policy's index beside these weights
+        (out / GROUNDING_FILE).unlink(missing_ok=True)
     return out
 
 
@@ -106,6 +114,8 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec:
     except RuntimeError as e:
         raise ValueError(f"{Path(path) / WEIGHTS_FILE} does not fit the {meta['policy']!r} policy described by "
                          f"{CONFIG_FILE}: {e}") from None
+    if (Path(path) / GROUNDING_FILE).is_file():
+        policy.grounding = InstructionGrounding.load(Path(path) / GROUNDING_FILE)
     policy.eval()
     if obs_spec is not None or action_spec is not None or tasks is not None:
         check_spec(policy, obs_spec or policy.obs_spec, action_spec or policy.action_spec, tasks)

@@ -79,6 +79,12 @@ class PolicyConfig:
             at 78% without it and 81% with 0.2.
         text_feature_dropout: dropout on the projected text features in training (0: off).
         text_film: FiLM-modulate the state MLP with the text features (see ``ObsEncoder``).
+        ground_instructions: at the start of an episode, replace a wording the policy was not
+            trained on by the nearest training wording (sentence vectors) among the tasks whose
+            demonstrations start nearest to the scene (see ``policies.common.grounding``);
+            ``embodied train`` stores the index in the checkpoint. Suits state observations
+            that show the scene and instructions without parameters (Meta-World's recipe).
+        ground_neighbours: how many nearest demonstrations name the candidate tasks.
         openclip_model: open_clip architecture name of the checkpoint.
         openclip_checkpoint: local path of open_clip weights (required for ``openclip``).
         lr, weight_decay, betas: AdamW settings.
@@ -108,6 +114,8 @@ class PolicyConfig:
     text_token_dropout: float = 0.0
     text_feature_dropout: float = 0.0
     text_film: bool = True
+    ground_instructions: bool = False
+    ground_neighbours: int = 20
     openclip_model: str = "ViT-B-32"
     openclip_checkpoint: str | None = None
     lr: float = 1e-3
@@ -155,7 +163,11 @@ class PolicyConfig:
         if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas={self.betas!r} is not allowed: must be two numbers in [0, 1)")
         check_int("warmup_steps", self.warmup_steps, 0)
-        for name in ("ema", "mask_padding", "text_film"):
+        check_int("ground_neighbours", self.ground_neighbours, 1)
+        if self.ground_instructions is True and self.text_encoder == "onehot":
+            raise ValueError("ground_instructions=True is not allowed with text_encoder='onehot': a one-hot policy "
+                             "reads the task name, not the words; use a sentence encoder ('minilm')")
+        for name in ("ema", "mask_padding", "text_film", "ground_instructions"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} is not allowed: must be true or false")
         check_float("ema_power", self.ema_power, 0.0, low_open=True)

@@ -34,7 +34,12 @@ for _name in ALL_TASKS:
 # 95.7% | 92.1% (seeds 0, 1 and 2; at batch 128 96.6% | 92.1%, 95.4% | 89.7% and 95.8% | 91.6%),
 # MT10 99.0% | 95.5%. Batch 512 for 2k steps (lr 2e-3) gave MT10 99.0% | 94.0%, so the recipe
 # stops at 256. Pixels keep the pixel recipe's batch, steps and lr.
-MT_TRAIN = {"demos": 50, "eval_episodes": 20, "batch_size": 256, "pixels": {"demos": 50, "policy": {"lr": 1e-3}},
+# Grounding unfamiliar wordings in the scene (policies/common/grounding.py; state observations
+# only) brought held-out success close to the training figure (same checkpoints, evaluated again):
+# MT50 89.2 -> 94.9%, 91.8 -> 94.7% and 92.1 -> 93.8% (seeds 0, 1 and 2), MT10 95.5 -> 99.5%
+# (three runs, each 95.5% before); training wordings are acted on as given, so theirs do not move.
+MT_TRAIN = {"demos": 50, "eval_episodes": 20, "batch_size": 256, "ground_instructions": True,
+            "pixels": {"demos": 50, "policy": {"lr": 1e-3}},
             "policy": {"text_token_dropout": 0.2, "text_feature_dropout": 0.2, "lr": 1.4e-3}}
 MT10_SUITE = register_suite(SuiteSpec("metaworld-mt10", MT10, "Meta-World v3 MT10: ten tasks",
                                       {**MT_TRAIN, "steps": 4000}))
