@@ -44,6 +44,22 @@ def batch_row(value: Any, i: int) -> Any:
     return value[i: i + 1]
 
 
+def with_grounded(policy: "Policy", memo: tuple[str, str] | None, obs: Observation
+                  ) -> tuple[tuple[str, str] | None, Observation]:
+    """``obs`` with the instruction ``policy`` acts on, and the new memo.
+
+    ``memo`` is (instruction given, instruction acted on) of the episode so far: a new
+    instruction is grounded once, with the first observation that carries it (see
+    ``Policy.ground_instruction``).
+    """
+    if "instruction" not in obs:
+        return memo, obs
+    given = str(obs["instruction"])
+    if memo is None or memo[0] != given:
+        memo = (given, policy.ground_instruction(given, obs))
+    return memo, (obs if memo[1] == given else {**obs, "instruction": memo[1]})
+
+
 class Policy(abc.ABC):
     """Base class. Subclasses set the three horizons and implement ``predict_chunk``.
 
@@ -76,7 +92,7 @@ class Policy(abc.ABC):
 
     def act(self, obs: Observation) -> np.ndarray:
         """Return the next action (Da,) float32 for one observation; refills the queue."""
-        obs = self._with_grounded(obs)
+        self._grounded, obs = with_grounded(self, self._grounded, obs)
         if not self._history:  # pad history with the first observation
             for _ in range(max(1, self.n_obs_steps) - 1):
                 self._history.append(obs)
@@ -89,15 +105,6 @@ class Policy(abc.ABC):
                 raise FloatingPointError("policy produced a non-finite action chunk")
             self._queue.extend(chunk[0, : self.n_action_steps].astype(np.float32))
         return self._queue.popleft()
-
-    def _with_grounded(self, obs: Observation) -> Observation:
-        """``obs`` with its instruction grounded, once per new instruction (see ``ground_instruction``)."""
-        if "instruction" not in obs:
-            return obs
-        raw = str(obs["instruction"])
-        if self._grounded is None or self._grounded[0] != raw:
-            self._grounded = (raw, self.ground_instruction(raw, obs))
-        return obs if self._grounded[1] == raw else {**obs, "instruction": self._grounded[1]}
 
     @abc.abstractmethod
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from embodied.policy import Policy, stack_history
+from embodied.policy import Policy, stack_history, with_grounded
 
 
 @dataclass
@@ -64,17 +64,11 @@ class BatchActor:
         self.hist[i].clear()
         self.grounded[i] = None
 
-    def _ground(self, i: int, o: dict[str, Any]) -> dict[str, Any]:
-        raw = str(o["instruction"])
-        g = self.grounded[i]
-        if g is None or g[0] != raw:
-            g = self.grounded[i] = (raw, self.policy.ground_instruction(raw, o))
-        return o if g[1] == raw else {**o, "instruction": g[1]}
 
     def act(self, obs: list[dict[str, Any]], active: Sequence[int], extra: dict[str, list[Any]] | None = None
             ) -> dict[int, np.ndarray]:
         for i in active:
-            o = self._ground(i, obs[i])
+            self.grounded[i], o = with_grounded(self.policy, self.grounded[i], obs[i])
             h = self.hist[i]
             while len(h) < self.to - 1:
                 h.append(o)

@@ -205,7 +205,7 @@ def load_for_eval(checkpoint: str, device: str = "auto", num_inference_steps: in
     if ground_instructions is not None:
         if ground_instructions and getattr(policy, "grounding", None) is None:
             raise ValueError(f"ground_instructions=true is not allowed for {checkpoint!r}: it has no grounding.npz "
-                             "(train with policy.ground_instructions=true to build one)")
+                             "(`embodied train ... ground_instructions=true` builds one)")
         policy.config.ground_instructions = bool(ground_instructions)
     return policy
 
