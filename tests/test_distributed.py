@@ -36,7 +36,7 @@ def ray_address():
 
 def records(results):
     """Everything an episode record holds but frames, per "task/split"."""
-    return {k: [(r.seed, r.instruction, r.success, r.length, r.ret) for r in v] for k, v in results.items()}
+    return {k: [(r.seed, r.instruction, r.grounded, r.success, r.length, r.ret) for r in v] for k, v in results.items()}
 
 
 def without_run_info(metrics):

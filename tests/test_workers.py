@@ -17,7 +17,7 @@ RUN_KEYS = ("runner", "shards", "retried_shards", "wall_time_s", "workers")
 
 
 def records(results):
-    return {k: [(r.seed, r.instruction, r.success, r.length, r.ret) for r in v] for k, v in results.items()}
+    return {k: [(r.seed, r.instruction, r.grounded, r.success, r.length, r.ret) for r in v] for k, v in results.items()}
 
 
 def without_run_info(metrics):
@@ -50,6 +50,36 @@ def test_worker_processes_match_one_process(tiny_checkpoint):
     assert m2["runner"] == "local" and m2["workers"] == 2 and m2["shards"] == 4 and m2["retried_shards"] == []
     assert r2["reach/train"][0].frames and not r2["reach/train"][1].frames
     assert all(np.array_equal(x, y) for x, y in zip(r1["reach/train"][0].frames, r2["reach/train"][0].frames))
+
+
+def test_grounding_policy_matches_in_worker_processes(tmp_path):
+    """Grounded held-out wordings: the same wording chosen, and the same episodes, in workers."""
+    from embodied.registry import make_env
+    from policies import load_policy, make_policy
+    from policies.common.grounding import InstructionGrounding
+    from sim.metaworld.instructions import INSTRUCTIONS
+
+    tasks = ["reach-v3", "push-v3", "door-open-v3"]
+    u = make_env(tasks[0]).unwrapped
+    tiny = {"horizon": 4, "n_action_steps": 2, "n_obs_steps": 1, "hidden": 32, "n_layers": 1, "state_hidden": 32,
+            "obs_dim": 16, "text_dim": 8, "num_inference_steps": 2, "ema": False, "ground_instructions": True}
+    policy = make_policy("flow", tiny, u.observation_spec, u.action_spec, None, tasks, device="cpu")
+    first = {t: [make_env(t).reset(seed=s)[0]["state"] for s in range(3)] for t in tasks}
+    states = np.array([s for t in tasks for s in first[t]])
+    policy.grounding = InstructionGrounding.from_demonstrations(
+        {t: INSTRUCTIONS[t][0] for t in tasks}, states, [t for t in tasks for _ in first[t]], states, k=3)
+    policy.save(str(tmp_path / "ck"))
+    kw = dict(tasks=tasks, episodes=2, splits=("heldout",), num_envs=2, progress=False,
+              env_kwargs={"max_episode_steps": 5})
+    m1, r1 = evaluate(load_policy(str(tmp_path / "ck"), device="cpu"), **kw)
+    m2, r2 = evaluate_sharded(PolicySource(str(tmp_path / "ck"), device="cpu"), **kw, workers=2)
+    assert records(r2) == records(r1)
+    assert without_run_info(m2) == without_run_info(m1)
+    door = r1["door-open-v3/heldout"]  # the door's scene is its own: only its wordings are candidates
+    assert all(r.grounded in INSTRUCTIONS["door-open-v3"][0] for r in door)
+    off, _ = evaluate_sharded(PolicySource(str(tmp_path / "ck"), device="cpu", ground_instructions=False), **kw,
+                              workers=2)
+    assert all("grounded_episodes" not in p["heldout"] for p in off["per_task"].values())
 
 
 def test_worker_error_reaches_the_driver(tmp_path):
