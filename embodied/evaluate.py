@@ -27,15 +27,16 @@ from embodied.rollout import EpisodeResult, run_episodes, wilson_interval
 SPLITS = ("train", "heldout")
 
 
-def _summary(results: Sequence[EpisodeResult], own: frozenset[str] | None = None) -> dict[str, Any]:
+def _summary(results: Sequence[EpisodeResult], task: str) -> dict[str, Any]:
     k, n = sum(r.success for r in results), len(results)
     lo, hi = wilson_interval(k, n)
     out = {"success_rate": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "episodes": n,
            "mean_return": float(np.mean([r.ret for r in results])) if n else 0.0,
            "mean_length": float(np.mean([r.length for r in results])) if n else 0.0}
-    grounded = [r for r in results if getattr(r, "grounded", None) is not None]
+    grounded = [r for r in results if r.grounded is not None]
     if grounded:  # the policy acted on another wording than the one given (see Policy.ground_instruction)
         out["grounded_episodes"] = len(grounded)
+        own = _own_wordings(task)
         if own is not None:
             out["grounded_to_own_task"] = sum(r.grounded in own for r in grounded) / len(grounded)
     return out
@@ -148,7 +149,7 @@ def summarize(tasks: Sequence[str], results: Mapping[str, Sequence[EpisodeResult
     per_task: dict[str, dict[str, Any]] = {t: {} for t in tasks}
     for key, res in results.items():
         task, split = key.rsplit("/", 1)
-        summ = _summary(res, _own_wordings(task) if any(getattr(r, "grounded", None) for r in res) else None)
+        summ = _summary(res, task)
         if split == "train":
             per_task[task].update(summ)
         else:
@@ -272,8 +273,8 @@ def write_report(out_dir: str | os.PathLike[str], metrics: Mapping[str, Any], ti
     per = metrics["per_task"]
     has_custom = any("custom" in p for p in per.values())
     lines = [f"# {title}", "",
-             f"Mean success (training paraphrases): **{_pct(metrics.get('success_rate'))}**; "
-             f"held-out paraphrases: **{_pct(metrics.get('heldout_paraphrase_success_rate'))}**; "
+             f"Mean success (training paraphrases): **{pct(metrics.get('success_rate'))}**; "
+             f"held-out paraphrases: **{pct(metrics.get('heldout_paraphrase_success_rate'))}**; "
              f"{metrics.get('episodes_per_task')} episodes per task and split, seeds from {metrics.get('seed')}; "
              f"{metrics.get('wall_time_s', 0):.0f} s.", "",
              "| task | train paraphrases (95% CI) | held-out paraphrases | " + ("custom | " if has_custom else "")
@@ -394,7 +395,8 @@ def plot_success_curve(path: Path, entries: Sequence[Mapping[str, Any]]) -> Path
     return path
 
 
-def _pct(v: float | None) -> str:
+def pct(v: float | None) -> str:
+    """A rate as a percentage, "–" when there is none."""
     return "–" if v is None else f"{100 * v:.1f}%"
 
 

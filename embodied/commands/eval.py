@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from embodied.app import hydra_command, run_dir
 from embodied.distributed import PolicySource, evaluate_sharded, ray_options
-from embodied.evaluate import evaluate, save_videos, write_json, write_report
+from embodied.evaluate import evaluate, pct, save_videos, write_json, write_report
 from embodied.registry import resolve_tasks
 
 log = logging.getLogger("embodied.eval")
@@ -313,9 +313,6 @@ def log_table(metrics: dict[str, Any]) -> None:
         log.info("%-16s train %s  heldout %s%s", t, trained,
                  f"{100 * h['success_rate']:5.1f}%" if h else "  –  ",
                  f"  custom {100 * c['success_rate']:5.1f}%" if c else "")
-    def pct(v: float | None) -> str:
-        return "–" if v is None else f"{100 * v:.1f}%"
-
     log.info("mean success %s, held-out paraphrases %s (%.0f s)", pct(metrics["success_rate"]),
              pct(metrics["heldout_paraphrase_success_rate"]), metrics["wall_time_s"])
 

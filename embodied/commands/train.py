@@ -185,19 +185,20 @@ class Batcher:
             self._cache[key] = self.templates[self.task_of[ep]][k].format(**self.params[ep])
         return self._cache[key]
 
-    def all_instructions(self) -> list[str]:
-        """Every instruction a batch can hold (each episode's parameters x its task's templates)."""
+    def instructions_by_task(self) -> dict[str, list[str]]:
+        """Task -> every instruction its batches can hold (each episode's parameters x its task's
+        templates; episodes with the same task and parameters are rendered once)."""
         seen = {(self.task_of[e], json.dumps(self.params[e], sort_keys=True, default=str)): e
                 for e in range(len(self.task_of))}
-        return sorted({self.instruction(e, k) for e in seen.values() for k in range(len(self.templates[self.task_of[e]]))})
-
-    def instructions_by_task(self) -> dict[str, list[str]]:
-        """Task -> every instruction its batches can hold."""
         out: dict[str, set[str]] = {}
-        for e in range(len(self.task_of)):
+        for e in seen.values():
             out.setdefault(self.task_of[e], set()).update(
                 self.instruction(e, k) for k in range(len(self.templates[self.task_of[e]])))
         return {t: sorted(v) for t, v in out.items()}
+
+    def all_instructions(self) -> list[str]:
+        """Every instruction a batch can hold."""
+        return sorted({s for ss in self.instructions_by_task().values() for s in ss})
 
     def grounding(self, k: int) -> Any:
         """The index that grounds unfamiliar instructions (``policies.common.grounding``)."""
@@ -400,9 +401,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
                       privileged=policy.config.aux_state_dim > 0 and "privileged_state" in ds.features)
     policy.prepare_instructions(batcher.all_instructions())  # embed them all at once, not step by step
     if policy.config.ground_instructions:
-        grounding = batcher.grounding(policy.config.ground_neighbours)
-        grounding.ensure_embeddings(lambda texts: policy.text.embed(texts).numpy())
-        policy.grounding = grounding
+        policy.attach_grounding(batcher.grounding(policy.config.ground_neighbours))
     from torch.utils.tensorboard import SummaryWriter
 
     tb = SummaryWriter(str(out / "tb"))

@@ -247,7 +247,15 @@ class TorchPolicy(Policy, nn.Module):
         state = np.asarray(obs["state"], dtype=np.float32)
         if state.ndim > 1:  # a history: its first step
             state = state.reshape(-1, state.shape[-1])[0]
-        return self.grounding.ground(instruction, state, lambda texts: self.text.embed(texts).numpy())
+        return self.grounding.ground(instruction, state, self._sentence_vectors)
+
+    def attach_grounding(self, grounding: InstructionGrounding) -> None:
+        """Use ``grounding`` (saved with the checkpoint), its wordings embedded by this policy's encoder."""
+        grounding.ensure_embeddings(self._sentence_vectors)
+        self.grounding = grounding
+
+    def _sentence_vectors(self, texts: list[str]) -> np.ndarray:
+        return self.text.embed(texts).numpy()
 
     @torch.no_grad()
     def encode_obs(self, obs_batch: Mapping[str, Any]) -> torch.Tensor:
