@@ -4,11 +4,17 @@ This package knows no particular task, network or reward. Worlds live in ``sim``
 policies in ``policies``, rewards in ``rewards``; they meet through the contracts here.
 """
 
-from embodied.errors import EmbodiedError, SpecMismatchError, UnknownNameError
-from embodied.policy import Policy
-from embodied.registry import get_suite, get_task, list_suites, list_tasks, make_env
-from embodied.robot import Robot, SimRobot
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import EmbodiedError, SpecMismatchError, UnknownNameError
+from embodied.core.policy import Policy
+from embodied.core.registry import (
+    get_suite,
+    get_task,
+    list_suites,
+    list_tasks,
+    make_env,
+)
+from embodied.core.robot import Robot, SimRobot
+from embodied.core.specs import ActionSpec, ObservationSpec
 
 __all__ = [
     "ActionSpec",

@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from embodied.errors import UnknownNameError
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import UnknownNameError
+from embodied.core.specs import ActionSpec, ObservationSpec
 
 if TYPE_CHECKING:
     import torch

@@ -19,9 +19,9 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
-from embodied.errors import InvalidActionError
-from embodied.registry import TaskSpec, get_task
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import InvalidActionError
+from embodied.core.registry import TaskSpec, get_task
+from embodied.core.specs import ActionSpec, ObservationSpec
 from sim.render import make_renderer
 
 INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " .,;:'!?-()/"

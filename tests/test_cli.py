@@ -35,7 +35,7 @@ def test_collect_then_eval_expert(tmp_path):
              f"hydra.run.dir={tmp_path}/collect", cwd=tmp_path)
     m = json.loads((tmp_path / "collect/metrics.json").read_text())
     assert m["episodes"] == 4
-    from embodied.data import Dataset
+    from embodied.runtime.data import Dataset
 
     ds = Dataset.open(tmp_path / "ds", validate=True)
     assert {e["task"] for e in ds.episodes_meta} == {"reach", "press-button"}
@@ -136,7 +136,7 @@ def test_train_eval_play_resume(tmp_path):
 
 
 def test_snapshot_is_atomic_and_never_overwritten(tmp_path):
-    from embodied.commands.train import _snapshot
+    from embodied.runtime.train import _snapshot
 
     class FakePolicy:
         saves = 0
@@ -156,7 +156,7 @@ def test_snapshot_is_atomic_and_never_overwritten(tmp_path):
 
 
 def test_eval_checkpoint_series_bad_inputs(tmp_path):
-    from embodied.commands.eval import EvalConfig, resolve_checkpoints
+    from embodied.runtime.eval import EvalConfig, resolve_checkpoints
 
     (tmp_path / "empty").mkdir()
     r = embodied("eval", f"checkpoint={tmp_path}/empty", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, check=False)
@@ -229,8 +229,8 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
     import dataclasses
 
     from embodied import registry
-    from embodied.commands.train import PIXEL_RECIPE, RECIPE, TrainConfig, apply_recipe
-    from embodied.registry import get_suite
+    from embodied.runtime.train import PIXEL_RECIPE, RECIPE, TrainConfig, apply_recipe
+    from embodied.core.registry import get_suite
 
     mt = get_suite("metaworld-mt10").train_defaults
     cfg = apply_recipe(TrainConfig(suite="metaworld-mt10"))
@@ -272,8 +272,8 @@ def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
 
 
 def test_collect_refuses_to_mix_action_noise_settings(tmp_path):
-    from embodied.commands.collect import collect
-    from embodied.data import Dataset
+    from embodied.runtime.collect import collect
+    from embodied.runtime.data import Dataset
 
     out = tmp_path / "demos"
     collect(["reach"], out, 1, "state", 64, [], action_noise=0.0, progress=False)
@@ -288,10 +288,10 @@ def test_collect_refuses_to_mix_action_noise_settings(tmp_path):
 def test_pixel_collection_keeps_the_full_state_and_train_uses_it(tmp_path):
     """Pixel demos record ``privileged_state`` (the step's full state, beside its image);
     ``train`` turns the pixel policy's auxiliary loss on from it, and off for older datasets."""
-    from embodied.commands.collect import collect
-    from embodied.commands.train import _with_aux_state
-    from embodied.data import Dataset
-    from embodied.registry import make_env
+    from embodied.runtime.collect import collect
+    from embodied.runtime.train import _with_aux_state
+    from embodied.runtime.data import Dataset
+    from embodied.core.registry import make_env
     from policies import make_config
 
     out = tmp_path / "px"
@@ -305,7 +305,7 @@ def test_pixel_collection_keeps_the_full_state_and_train_uses_it(tmp_path):
     assert np.ptp(ep["privileged_state"][:, 4:13], axis=0).max() > 0.01  # the pushed block moves
     pcfg = make_config("flow", {"obs_mode": "pixels"})
     assert _with_aux_state(pcfg, ds).aux_state_dim == full
-    from embodied.commands.train import _check_dataset
+    from embodied.runtime.train import _check_dataset
 
     for kw in ({"image_size": 16}, {"image_size": 16, "cameras": ["front"]}, {"image_size": 32}):
         env = make_env("push", obs_mode="pixels", **kw)
@@ -325,9 +325,9 @@ def test_pixel_collection_keeps_the_full_state_and_train_uses_it(tmp_path):
 
 
 def test_eval_spec_mismatch_names_the_tasks_the_checkpoint_knows():
-    from embodied.commands.eval import policy_env_kwargs
-    from embodied.errors import SpecMismatchError
-    from embodied.registry import make_env
+    from embodied.runtime.checkpoints import policy_env_kwargs
+    from embodied.core.errors import SpecMismatchError
+    from embodied.core.registry import make_env
     from policies import make_policy
 
     env = make_env("reach-v3")

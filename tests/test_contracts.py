@@ -7,8 +7,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import embodied
-from embodied.errors import InvalidActionError, UnknownNameError
-from embodied.registry import get_task
+from embodied.core.errors import InvalidActionError, UnknownNameError
+from embodied.core.registry import get_task
 
 SUITES = ("manipulation", "navigation")
 TASKS = [t for s in SUITES for t in embodied.list_tasks(s)]
@@ -168,7 +168,7 @@ def test_bad_env_arguments():
 
 # ----------------------------------------------------------------- Robot
 def test_sim_robot_contract():
-    from embodied.robot import RobotNotConnectedError
+    from embodied.core.robot import RobotNotConnectedError
 
     robot = embodied.SimRobot("press-button", seed=4)
     with pytest.raises(RobotNotConnectedError):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from embodied import data
-from embodied.data import Dataset, EpisodeRecorder, make_windows, sample_windows
-from embodied.errors import DatasetError
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.runtime.data import Dataset, EpisodeRecorder, make_windows, sample_windows
+from embodied.core.errors import DatasetError
+from embodied.core.specs import ActionSpec, ObservationSpec
 
 FEATURES = {
     "state": ("float32", (3,)),

@@ -15,11 +15,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-import embodied.commands.collect as collect_cmd  # noqa: E402
-import embodied.distributed as dist  # noqa: E402
-from embodied.commands.eval import EvalConfig  # noqa: E402
-from embodied.distributed import PolicySource, RayOptions, evaluate_ray  # noqa: E402
-from embodied.evaluate import evaluate  # noqa: E402
+import embodied.runtime.collect as collect_cmd  # noqa: E402
+import embodied.runtime.distributed as dist  # noqa: E402
+from embodied.runtime.eval import EvalConfig  # noqa: E402
+from embodied.runtime.distributed import PolicySource, RayOptions, evaluate_ray  # noqa: E402
+from embodied.runtime.evaluate import evaluate  # noqa: E402
 
 # The crash-once wrappers below run on Ray workers, which cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -73,7 +73,7 @@ def test_expert_eval_matches_local(ray_address):
 @pytest.mark.slow
 def test_flow_checkpoint_eval_matches_local(ray_address, tmp_path):
     """A generative policy: episodes depend on their seed only, not on batching or sharding."""
-    from embodied.registry import make_env
+    from embodied.core.registry import make_env
     from policies import load_policy, make_policy
 
     u = make_env("reach").unwrapped
@@ -118,7 +118,7 @@ def test_driver_gives_up_after_its_resubmits(ray_address, tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_collect_matches_local_despite_a_killed_worker(ray_address, tmp_path, monkeypatch):
-    from embodied.data import Dataset
+    from embodied.runtime.data import Dataset
 
     kw = dict(tasks=["reach", "press-button"], episodes=3, action_noise=0.1, progress=False)
     collect_cmd.collect(out=tmp_path / "local", **kw)

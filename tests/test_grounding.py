@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.policy import Policy
+from embodied.core.policy import Policy
 from policies import load_policy, make_policy
 from policies.common.grounding import GROUNDING_FILE, InstructionGrounding
 
@@ -138,7 +138,7 @@ def test_act_grounds_once_per_episode_and_per_new_instruction():
 
 
 def test_episode_records_say_what_the_policy_acted_on(tmp_path):
-    from embodied.evaluate import evaluate, write_report
+    from embodied.runtime.evaluate import evaluate, write_report
 
     from sim.metaworld.instructions import INSTRUCTIONS
 
@@ -159,7 +159,7 @@ def test_episode_records_say_what_the_policy_acted_on(tmp_path):
 
 
 def tiny_policy(**overrides):
-    from embodied.specs import ActionSpec, ObservationSpec
+    from embodied.core.specs import ActionSpec, ObservationSpec
 
     stats = {"state": {"mean": np.zeros(3), "std": np.ones(3), "min": -np.ones(3), "max": np.ones(3)},
              "action": {"mean": np.zeros(2), "std": np.ones(2), "min": -np.ones(2), "max": np.ones(2)}}
@@ -197,7 +197,7 @@ def test_onehot_policies_cannot_ground():
 
 
 def test_eval_refuses_to_turn_on_grounding_without_an_index(tmp_path):
-    from embodied.commands.eval import load_for_eval
+    from embodied.runtime.checkpoints import load_for_eval
 
     tiny_policy().save(str(tmp_path / "ck"))
     with pytest.raises(ValueError, match="has no grounding.npz"):

@@ -14,8 +14,8 @@ pytest.importorskip("metaworld")
 
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from embodied.errors import InvalidActionError  # noqa: E402
-from embodied.registry import get_suite, get_task, list_tasks, make_env  # noqa: E402
+from embodied.core.errors import InvalidActionError  # noqa: E402
+from embodied.core.registry import get_suite, get_task, list_tasks, make_env  # noqa: E402
 from sim.base import INSTRUCTION_CHARSET  # noqa: E402
 from sim.metaworld.instructions import INSTRUCTIONS  # noqa: E402
 from sim.metaworld.tasks import ALL_TASKS, MT10, MT50  # noqa: E402
@@ -42,7 +42,7 @@ def test_registry_has_tasks_and_suites():
 
 
 def test_registration_does_not_import_metaworld():
-    code = ("import sys, sim.metaworld; from embodied.registry import get_suite;"
+    code = ("import sys, sim.metaworld; from embodied.core.registry import get_suite;"
             "get_suite('metaworld-mt50'); assert 'metaworld' not in sys.modules, 'imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -233,7 +233,7 @@ def test_bad_input_rejected():
 
 
 def test_rollout_with_expert():
-    from embodied.rollout import run_episodes
+    from embodied.runtime.rollout import run_episodes
 
     res = run_episodes(lambda: make_env("reach-v3", max_episode_steps=100), seeds=[0, 1, 2], policy="expert",
                        num_envs=2)

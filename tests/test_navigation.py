@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from embodied.registry import get_suite, get_task, make_env
+from embodied.core.registry import get_suite, get_task, make_env
 from sim.navigation.arena import BALL_R, COLORS, N_RANGES, RANGE_MAX, ROOMS, wall_clearance
 
 TASKS = ("goto-landmark", "goto-room", "goto-between", "approach-avoid")
@@ -177,7 +177,7 @@ def test_avoid_violation_fails_the_episode():
 def test_gym_make_and_render():
     import gymnasium as gym
 
-    from embodied.registry import gym_id
+    from embodied.core.registry import gym_id
 
     env = gym.make(gym_id("goto-between"), render_mode="rgb_array", render_size=64)
     obs, _ = env.reset(seed=0)
@@ -187,7 +187,7 @@ def test_gym_make_and_render():
 
 
 def test_bad_action_rejected():
-    from embodied.errors import InvalidActionError
+    from embodied.core.errors import InvalidActionError
 
     env = make_env("goto-room")
     env.reset(seed=0)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.errors import SpecMismatchError, UnknownNameError
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import SpecMismatchError, UnknownNameError
+from embodied.core.specs import ActionSpec, ObservationSpec
 from policies import POLICIES, config_class, load_policy, make_config, make_policy
 
 DS, DA, TO, H, TA = 5, 3, 2, 8, 4

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import sim  # noqa: F401  (configures headless GL before mujoco is imported)
-from embodied.policy import Policy
-from embodied.registry import make_env
-from embodied.rollout import run_episodes
+from embodied.core.policy import Policy
+from embodied.core.registry import make_env
+from embodied.runtime.rollout import run_episodes
 
 
 class RecordingPolicy(Policy):

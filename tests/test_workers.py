@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from embodied.commands.eval import EvalConfig
-from embodied.distributed import PolicySource, evaluate_sharded
-from embodied.evaluate import evaluate
+from embodied.runtime.eval import EvalConfig
+from embodied.runtime.distributed import PolicySource, evaluate_sharded
+from embodied.runtime.evaluate import evaluate
 
 RUN_KEYS = ("runner", "shards", "retried_shards", "wall_time_s", "workers")
 
@@ -26,7 +26,7 @@ def without_run_info(metrics):
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    from embodied.registry import make_env
+    from embodied.core.registry import make_env
     from policies import make_policy
 
     u = make_env("reach").unwrapped
@@ -54,7 +54,7 @@ def test_worker_processes_match_one_process(tiny_checkpoint):
 
 def test_grounding_policy_matches_in_worker_processes(tmp_path):
     """Grounded held-out wordings: the same wording chosen, and the same episodes, in workers."""
-    from embodied.registry import make_env
+    from embodied.core.registry import make_env
     from policies import load_policy, make_policy
     from policies.common.grounding import InstructionGrounding
     from sim.metaworld.instructions import INSTRUCTIONS
@@ -90,8 +90,8 @@ def test_worker_error_reaches_the_driver(tmp_path):
 
 
 def test_collect_in_worker_processes_writes_the_same_dataset(tmp_path):
-    import embodied.commands.collect as collect_cmd
-    from embodied.data import Dataset
+    import embodied.runtime.collect as collect_cmd
+    from embodied.runtime.data import Dataset
 
     kw = dict(tasks=["reach", "press-button"], episodes=3, action_noise=0.1, progress=False)
     collect_cmd.collect(out=tmp_path / "one", **kw)
@@ -107,8 +107,8 @@ def test_collect_in_worker_processes_writes_the_same_dataset(tmp_path):
 
 
 def test_workers_config_is_checked():
-    import embodied.commands.collect as collect_cmd
-    from embodied.commands.train import TrainConfig
+    import embodied.runtime.collect as collect_cmd
+    from embodied.runtime.train import TrainConfig
 
     for cls in (EvalConfig, collect_cmd.CollectConfig, TrainConfig):
         with pytest.raises(ValueError, match="workers"):
@@ -134,7 +134,7 @@ def test_cli_eval_workers(tiny_checkpoint, tmp_path):
 def test_free_cores_counts_idle_cores(monkeypatch):
     import os
 
-    import embodied.commands.train as train_mod
+    import embodied.runtime.train as train_mod
 
     assert 1 <= train_mod.free_cores(0.05) <= (os.cpu_count() or 1)
     stats = iter(["cpu 100 0 100 800 0 0 0 0 0 0\n", "cpu 150 0 150 900 0 0 0 0 0 0\n"])  # half busy

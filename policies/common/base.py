@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from embodied.errors import SpecMismatchError
-from embodied.policy import Observation, Policy, batch_row
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import SpecMismatchError
+from embodied.core.policy import Observation, Policy, batch_row
+from embodied.core.specs import ActionSpec, ObservationSpec
 from policies.common.config import PolicyConfig
 from policies.common.ema import EMA
 from policies.common.encoders import ObsEncoder, TextPool
@@ -322,7 +322,7 @@ class TorchPolicy(Policy, nn.Module):
         ``predict_chunk`` on a batch is not the same, in the last bits, as on each row alone:
         CPU kernels change with the batch size, and padding the instructions to one length
         changes the text attention's products. Evaluation needs each episode to depend only
-        on itself (``embodied.evaluate.RowwisePolicy``), so here the text features are
+        on itself (``embodied.runtime.evaluate.RowwisePolicy``), so here the text features are
         computed row by row (once per chunk, cheap) and the observation encoder and the
         head's integration run as one batch under ``row_invariant``. Policies whose
         model has other cross-row kernels (``batches_rows`` False) loop over the rows.
@@ -353,7 +353,7 @@ class TorchPolicy(Policy, nn.Module):
             batch: the ``predict_chunk`` observation keys plus ``action`` (B, H, Da) float32
                 in env units and optionally ``action_is_pad`` (B, H) bool, True where the
                 chunk runs past the episode end (left out of the loss when
-                ``config.mask_padding``; see ``embodied.data.sample_windows``), and
+                ``config.mask_padding``; see ``embodied.runtime.data.sample_windows``), and
                 ``privileged_state`` (B, To, Dp): with ``config.aux_state_dim`` a pixel
                 policy also learns to predict it (the current step's) from its image
                 features, weighted by ``config.aux_state_weight``.

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from embodied.errors import SpecMismatchError
-from embodied.specs import ActionSpec, ObservationSpec, check_compatible
+from embodied.core.errors import SpecMismatchError
+from embodied.core.specs import ActionSpec, ObservationSpec, check_compatible
 from policies.common.grounding import GROUNDING_FILE, InstructionGrounding
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from embodied.specs import ActionSpec
+from embodied.core.specs import ActionSpec
 
 MIN_STD = 1e-2
 MIN_RANGE = 1e-2

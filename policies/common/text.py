@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from embodied.errors import UnknownNameError
+from embodied.core.errors import UnknownNameError
 
 MINILM_DIM = 384
 

@@ -1,6 +1,6 @@
 """Manipulation suite: eight tabletop tasks in one scene, chosen by instruction."""
 
-from embodied.registry import SuiteSpec, TaskSpec, register_suite, register_task
+from embodied.core.registry import SuiteSpec, TaskSpec, register_suite, register_task
 from sim.manipulation.tasks import TASKS
 
 for _t in TASKS.values():

@@ -7,7 +7,7 @@ built, so registering costs nothing; the static lists are checked against the pa
 ``tests/test_metaworld.py``.
 """
 
-from embodied.registry import SuiteSpec, TaskSpec, register_suite, register_task
+from embodied.core.registry import SuiteSpec, TaskSpec, register_suite, register_task
 from sim.metaworld.instructions import INSTRUCTIONS
 from sim.metaworld.tasks import ALL_TASKS, DESCRIPTIONS, MT10, MT50
 

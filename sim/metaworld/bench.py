@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import sim  # noqa: F401  (headless GL before mujoco is imported)
-from embodied.registry import make_env
+from embodied.core.registry import make_env
 from sim.metaworld.tasks import ALL_TASKS
 
 

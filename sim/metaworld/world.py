@@ -44,9 +44,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from embodied.errors import InvalidActionError
-from embodied.registry import TaskSpec, get_task
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import InvalidActionError
+from embodied.core.registry import TaskSpec, get_task
+from embodied.core.specs import ActionSpec, ObservationSpec
 from sim.base import INSTRUCTION_CHARSET, check_env_args
 from sim.render import make_renderer
 

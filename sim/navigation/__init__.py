@@ -7,7 +7,7 @@ point, so listing tasks does not load MuJoCo.
 Tasks: ``goto-landmark``, ``goto-room``, ``goto-between``, ``approach-avoid``.
 """
 
-from embodied.registry import SuiteSpec, register_suite
+from embodied.core.registry import SuiteSpec, register_suite
 from sim.navigation.tasks import GOALS
 
 SUITE = register_suite(SuiteSpec(

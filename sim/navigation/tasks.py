@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from embodied.registry import TaskSpec, register_task
+from embodied.core.registry import TaskSpec, register_task
 from sim.navigation.arena import BALL_R, COLORS, HALF, ROBOT_R, ROOM_MARGIN, ROOMS, Scene, room_of, \
     wall_clearance
 from sim.navigation.planner import Grid, Plan, ramp_cost

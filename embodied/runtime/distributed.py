@@ -52,11 +52,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from embodied.evaluate import SPLITS, RowwisePolicy, eval_runs, run_group, summarize
-from embodied.policy import Policy
-from embodied.rollout import EpisodeResult
+from embodied.core.policy import Policy
+from embodied.runtime.evaluate import (
+    SPLITS,
+    RowwisePolicy,
+    eval_runs,
+    run_group,
+    summarize,
+)
+from embodied.runtime.rollout import EpisodeResult
 
-log = logging.getLogger("embodied.distributed")
+log = logging.getLogger("embodied.runtime.distributed")
 RUNNERS = ("local", "ray")
 
 
@@ -182,7 +188,7 @@ def _attempt(ledger: Any, name: str, fn: Callable[..., Any], args: tuple[Any, ..
     except Exception:  # the ledger is bookkeeping only; never fail a shard because of it
         attempt = 0
     if attempt > 1:
-        logging.getLogger("embodied.distributed").warning("shard %s: attempt %d", name, attempt)
+        logging.getLogger("embodied.runtime.distributed").warning("shard %s: attempt %d", name, attempt)
     return attempt, fn(*args)
 
 
@@ -370,7 +376,7 @@ class PolicySource:
 
 @functools.lru_cache(maxsize=2)
 def _load_cached(source: PolicySource, stamp: tuple[Any, ...]) -> RowwisePolicy:
-    from embodied.commands.eval import load_for_eval
+    from embodied.runtime.checkpoints import load_for_eval
 
     return RowwisePolicy(load_for_eval(source.checkpoint, source.device, source.num_inference_steps,
                                        source.ground_instructions))

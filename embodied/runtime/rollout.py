@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from embodied.policy import Policy, stack_history, with_grounded
+from embodied.core.policy import Policy, stack_history, with_grounded
 
 
 @dataclass

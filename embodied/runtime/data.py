@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from embodied.errors import DatasetError
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import DatasetError
+from embodied.core.specs import ActionSpec, ObservationSpec
 
 FORMAT_VERSION = 1
 Features = Mapping[str, tuple[str, tuple[int, ...]]]

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from embodied.app import run_dir
 
 log = logging.getLogger("embodied.bench")
 
@@ -55,14 +54,13 @@ def latency_ms(policy: Any, obs_batch: dict[str, Any], repeats: int = 30) -> flo
     return 1000 * float(np.median(times))
 
 
-def bench_policies(cfg: Any, tasks: list[str]) -> dict[str, Any]:
-    from embodied.commands.train import TrainConfig, train
-    from embodied.evaluate import evaluate
-    from embodied.policy import stack_history
-    from embodied.registry import make_env
+def bench_policies(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
+    from embodied.core.policy import stack_history
+    from embodied.core.registry import make_env
+    from embodied.runtime.evaluate import evaluate
+    from embodied.runtime.train import TrainConfig, train
     from policies import load_policy
 
-    out = run_dir()
     results: dict[str, Any] = {"settings": {}, "training": {}}
     env = make_env(tasks[0])
     obs, _ = env.reset(seed=0)

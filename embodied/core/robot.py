@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from embodied.errors import EmbodiedError, InvalidActionError
-from embodied.specs import ActionSpec, ObservationSpec
+from embodied.core.errors import EmbodiedError, InvalidActionError
+from embodied.core.specs import ActionSpec, ObservationSpec
 
 
 class RobotNotConnectedError(EmbodiedError, RuntimeError):
@@ -63,7 +63,7 @@ class SimRobot(Robot):
     """
 
     def __init__(self, task: str, seed: int = 0, **env_kwargs: Any):
-        from embodied.registry import make_env
+        from embodied.core.registry import make_env
 
         self._env = make_env(task, **env_kwargs)
         self._seed = seed

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping
 
-from embodied.errors import UnknownNameError
+from embodied.core.errors import UnknownNameError
 
 ENTRY_POINT_GROUP = "embodied.suites"
 
@@ -64,7 +64,7 @@ class SuiteSpec:
     ``train_defaults``: the suite's training recipe, ``embodied train`` settings used when the
     user leaves them unset (e.g. ``{"demos": 50, "policy": {"text_token_dropout": 0.2}}``;
     ``"pixels"`` holds a dict of them for pixel observations); see
-    ``embodied.commands.train.RECIPE`` and ``apply_recipe``.
+    ``embodied.runtime.train.RECIPE`` and ``apply_recipe``.
     """
 
     name: str

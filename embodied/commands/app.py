@@ -36,7 +36,7 @@ def hydra_command(name: str, schema: type) -> Callable[[Callable[[Any], Any]], C
         @hydra.main(version_base="1.3", config_path="pkg://configs", config_name=name)
         @functools.wraps(fn)
         def main(cfg: Any) -> Any:
-            from embodied.errors import EmbodiedError
+            from embodied.core.errors import EmbodiedError
 
             logging.getLogger("OpenGL").setLevel(logging.WARNING)
             try:

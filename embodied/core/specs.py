@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from embodied.errors import SpecMismatchError
+from embodied.core.errors import SpecMismatchError
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from embodied.errors import UnknownNameError
-from embodied.policy import Policy, batch_row
-from embodied.registry import get_task, make_env
-from embodied.rollout import EpisodeResult, run_episodes, wilson_interval
+from embodied.core.errors import UnknownNameError
+from embodied.core.policy import Policy, batch_row
+from embodied.core.registry import get_task, make_env
+from embodied.runtime.rollout import EpisodeResult, run_episodes, wilson_interval
 
 SPLITS = ("train", "heldout")
 
@@ -68,7 +68,7 @@ def evaluate(
 
     A ``Policy`` is run through ``RowwisePolicy``, so each episode depends only on its
     task, split and seed (not on ``num_envs`` nor on how episodes are batched or sharded);
-    ``embodied.distributed.evaluate_ray`` gives the same results on Ray workers.
+    ``embodied.runtime.distributed.evaluate_ray`` gives the same results on Ray workers.
 
     Args:
         policy: a ``Policy`` or ``"expert"``.
@@ -176,7 +176,7 @@ def summarize(tasks: Sequence[str], results: Mapping[str, Sequence[EpisodeResult
 class RowwisePolicy(Policy):
     """``policy`` run one batch row at a time, with each row's initial noise drawn from that row.
 
-    Why (see ``embodied.distributed``): with a plain batched call an episode depends on the
+    Why (see ``embodied.runtime.distributed``): with a plain batched call an episode depends on the
     episodes that share its batches -- CPU matmuls are not bitwise batch-invariant (a batch
     of 1 takes another kernel), and a generative policy's own generator hands each row
     whatever noise is next in its stream. So results would change with ``num_envs`` and
