@@ -1,0 +1,2 @@
+"""Rewards: VLM-derived rewards, preference-based reward learning, teachers and reward-quality
+metrics, each behind ``embodied.core.reward.RewardModel``. Imports neither ``sim`` nor ``policies``."""
