@@ -6,7 +6,7 @@ gymnasium's registry); each lives in its own folder with ``config.py`` and ``mod
 
     policy = make_policy("flow", {"horizon": 16}, obs_spec, action_spec, stats, task_names)
     chunk = policy.predict_chunk(obs_batch, noise)        # (B, H, Da) float32 in [-1, 1]
-    policy.save("ckpt"); policy = load_policy("ckpt")
+    save_policy(policy, "ckpt"); policy = load_policy("ckpt")   # load_trained: with its wrappers
 """
 
 from __future__ import annotations
@@ -79,10 +79,25 @@ def make_policy(name: str, cfg: Mapping[str, Any] | Any, obs_spec: ObservationSp
 
 def load_policy(path: str, device: "str | torch.device" = "auto", obs_spec: ObservationSpec | None = None,
                 action_spec: ActionSpec | None = None, tasks: Sequence[str] | None = None) -> "TorchPolicy":
-    """Load a checkpoint directory written by ``policy.save`` (see ``common/checkpoint.py``)."""
+    """Load the network of a checkpoint directory written by ``save_policy`` (see ``common/checkpoint.py``)."""
     from policies.common.checkpoint import load_policy as _load
 
     return _load(path, device=device, obs_spec=obs_spec, action_spec=action_spec, tasks=tasks)
 
 
-__all__ = ["POLICIES", "POLICY_CONFIGS", "config_class", "load_policy", "make_config", "make_policy", "policy_class"]
+def save_policy(policy: Any, path: str) -> Any:
+    """Write ``policy`` (a ``TorchPolicy``, or wrappers around one) as a checkpoint directory."""
+    from policies.common.checkpoint import save_policy as _save
+
+    return _save(policy, path)
+
+
+def load_trained(path: str, device: "str | torch.device" = "auto", ground_instructions: bool | None = None) -> Any:
+    """The policy as trained, with its wrappers (grounding); see ``common/checkpoint.py``."""
+    from policies.common.checkpoint import load_trained as _load
+
+    return _load(path, device=device, ground_instructions=ground_instructions)
+
+
+__all__ = ["POLICIES", "POLICY_CONFIGS", "config_class", "load_policy", "load_trained", "make_config", "make_policy", "policy_class",
+           "save_policy"]

@@ -74,12 +74,13 @@ def test_expert_eval_matches_local(ray_address):
 def test_flow_checkpoint_eval_matches_local(ray_address, tmp_path):
     """A generative policy: episodes depend on their seed only, not on batching or sharding."""
     from embodied.core.registry import make_env
-    from policies import load_policy, make_policy
+    from policies import load_policy, make_policy, save_policy
 
     u = make_env("reach").unwrapped
     tiny = {"horizon": 4, "n_action_steps": 2, "n_obs_steps": 1, "hidden": 32, "n_layers": 1, "state_hidden": 32,
             "obs_dim": 16, "text_dim": 8, "num_inference_steps": 2, "ema": False}
-    make_policy("flow", tiny, u.observation_spec, u.action_spec, None, ["reach"], device="cpu").save(str(tmp_path / "ck"))
+    save_policy(make_policy("flow", tiny, u.observation_spec, u.action_spec, None, ["reach"], device="cpu"),
+                str(tmp_path / "ck"))
     kw = dict(tasks=["reach"], episodes=4, splits=("train",), progress=False)
     m1, r1 = evaluate(load_policy(str(tmp_path / "ck"), device="cpu"), num_envs=1, **kw)
     m3, r3 = evaluate(load_policy(str(tmp_path / "ck"), device="cpu"), num_envs=3, **kw)

@@ -1,6 +1,7 @@
 """Grounding unfamiliar instructions in the scene (policies/common/grounding.py) and its plumbing:
-once per episode through ``Policy.act`` and the evaluation's ``BatchActor``, in checkpoints,
-in ``embodied eval`` and in the episode records."""
+a wrapper policy that grounds once per episode through ``Policy.act`` and the evaluation's
+``BatchActor`` (both via ``Policy.observe``), in checkpoints, in ``embodied eval`` and in the
+episode records."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.core.policy import Policy
-from policies import load_policy, make_policy
-from policies.common.grounding import GROUNDING_FILE, InstructionGrounding
+from embodied.core.policy import Policy, PolicyWrapper
+from policies import load_policy, load_trained, make_policy, save_policy
+from policies.common.grounding import GROUNDING_FILE, GroundedPolicy, InstructionGrounding
 
 VOCAB = ["reach", "goal", "push", "puck", "pick", "lift", "open", "door", "gripper", "tip", "slide", "hand", "the"]
 
@@ -107,22 +108,34 @@ def test_bad_inputs_are_named(tmp_path):
         InstructionGrounding.load(tmp_path / "bad.npz")
 
 
-class Recorder(Policy):
-    """Grounds every wording to ``to`` and records what predict_chunk was asked."""
+class Seen(Policy):
+    """Records the instructions predict_chunk was asked about."""
 
     n_obs_steps, horizon, n_action_steps = 1, 2, 2
 
-    def __init__(self, to: str = "reach the goal"):
+    def __init__(self):
         super().__init__()
-        self.to, self.grounded, self.seen = to, [], []
-
-    def ground_instruction(self, instruction, obs):
-        self.grounded.append(instruction)
-        return self.to
+        self.seen = []
 
     def predict_chunk(self, obs_batch, noise=None):
         self.seen.extend(obs_batch["instruction"])
         return np.zeros((len(obs_batch["instruction"]), self.horizon, 4), np.float32)
+
+
+class Recorder(GroundedPolicy):
+    """The grounding wrapper around ``Seen``, grounding every wording to ``to`` and recording each call."""
+
+    def __init__(self, to: str = "reach the goal"):
+        PolicyWrapper.__init__(self, Seen())  # no index: ``ground`` below stands in for it
+        self.to, self.grounded = to, []
+
+    @property
+    def seen(self):
+        return self.policy.seen
+
+    def ground(self, instruction, obs):
+        self.grounded.append(instruction)
+        return self.to
 
 
 def test_act_grounds_once_per_episode_and_per_new_instruction():
@@ -170,25 +183,33 @@ def tiny_policy(**overrides):
                        device="cpu")
 
 
-def test_torch_policy_grounds_only_when_enabled_and_checkpoints_keep_the_index(tmp_path):
-    policy = tiny_policy()
+def test_grounded_policy_grounds_unknown_wordings_and_checkpoints_keep_the_index(tmp_path):
+    policy = tiny_policy(ground_instructions=True)
     obs = {"state": np.zeros((2, 3), np.float32), "instruction": "fetch the puck"}
-    g = grounding()
-    policy.grounding = g
-    assert policy.ground_instruction("fetch the puck", obs) == "fetch the puck"  # off by default
-    policy.config.ground_instructions = True
-    got = policy.ground_instruction("move the puck with the gripper", obs)
+    grounded = GroundedPolicy(policy, grounding())
+    got = grounded.ground("move the puck with the gripper", obs)
     assert got in WORDINGS["reach"] + WORDINGS["push"]  # a wording of the scene's tasks (MiniLM's choice)
-    assert policy.ground_instruction("open the door", obs) == "open the door"  # known: as given
-    policy.save(str(tmp_path / "ck"))
+    assert grounded.ground("open the door", obs) == "open the door"  # known: as given
+    assert grounded.unwrapped is policy and grounded.n_action_steps == policy.n_action_steps
+    save_policy(grounded, str(tmp_path / "ck"))
     assert (tmp_path / "ck" / GROUNDING_FILE).is_file()
-    loaded = load_policy(str(tmp_path / "ck"), device="cpu")
-    assert loaded.config.ground_instructions and loaded.grounding is not None
-    assert loaded.ground_instruction("move the puck with the gripper", obs) == got
-    plain = tiny_policy()
-    plain.save(str(tmp_path / "ck"))  # over the old checkpoint: its index must not stay behind
+    loaded = load_trained(str(tmp_path / "ck"), device="cpu")
+    assert isinstance(loaded, GroundedPolicy) and loaded.unwrapped.config.ground_instructions
+    assert loaded.ground("move the puck with the gripper", obs) == got
+    assert not isinstance(load_trained(str(tmp_path / "ck"), device="cpu", ground_instructions=False), GroundedPolicy)
+    assert not isinstance(load_policy(str(tmp_path / "ck"), device="cpu"), GroundedPolicy)  # the network alone
+    save_policy(tiny_policy(), str(tmp_path / "ck"))  # over the old checkpoint: its index must not stay behind
     assert not (tmp_path / "ck" / GROUNDING_FILE).exists()
-    assert load_policy(str(tmp_path / "ck"), device="cpu").grounding is None
+    assert not isinstance(load_trained(str(tmp_path / "ck"), device="cpu"), GroundedPolicy)
+
+
+def test_grounded_and_plain_policy_act_alike_on_known_wordings():
+    grounded = GroundedPolicy(tiny_policy(ground_instructions=True), grounding())
+    plain = tiny_policy(ground_instructions=True)  # the same weights and noise stream
+    obs = {"state": np.zeros(3, np.float32), "instruction": "push the puck to the goal"}
+    a = [grounded.act(obs) for _ in range(3)]
+    b = [plain.act(obs) for _ in range(3)]
+    np.testing.assert_array_equal(np.stack(a), np.stack(b))
 
 
 def test_onehot_policies_cannot_ground():
@@ -199,7 +220,7 @@ def test_onehot_policies_cannot_ground():
 def test_eval_refuses_to_turn_on_grounding_without_an_index(tmp_path):
     from embodied.runtime.checkpoints import load_for_eval
 
-    tiny_policy().save(str(tmp_path / "ck"))
+    save_policy(tiny_policy(), str(tmp_path / "ck"))
     with pytest.raises(ValueError, match="has no grounding.npz"):
         load_for_eval(str(tmp_path / "ck"), "cpu", ground_instructions=True)
     assert not load_for_eval(str(tmp_path / "ck"), "cpu", ground_instructions=False).config.ground_instructions

@@ -13,7 +13,7 @@ import torch
 
 from embodied.core.errors import SpecMismatchError, UnknownNameError
 from embodied.core.specs import ActionSpec, ObservationSpec
-from policies import POLICIES, config_class, load_policy, make_config, make_policy
+from policies import POLICIES, config_class, load_policy, make_config, make_policy, save_policy
 
 DS, DA, TO, H, TA = 5, 3, 2, 8, 4
 OBS_SPEC = ObservationSpec(state_dim=DS)
@@ -196,7 +196,7 @@ def test_checkpoint_round_trip(variant, tmp_path):
         loss.backward()
         opt.step()
         policy.ema_update()
-    policy.save(tmp_path / "ckpt")
+    save_policy(policy, tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "model.safetensors").is_file() and (tmp_path / "ckpt" / "config.json").is_file()
     loaded = load_policy(str(tmp_path / "ckpt"), device="cpu")
     assert type(loaded) is type(policy) and loaded.task_names == TASKS
@@ -206,7 +206,7 @@ def test_checkpoint_round_trip(variant, tmp_path):
 
 
 def test_checkpoint_spec_mismatch(tmp_path):
-    build("flow").save(tmp_path / "ckpt")
+    save_policy(build("flow"), tmp_path / "ckpt")
     with pytest.raises(SpecMismatchError, match="state_dim"):
         load_policy(str(tmp_path / "ckpt"), device="cpu", obs_spec=ObservationSpec(DS + 1))
     policy = load_policy(str(tmp_path / "ckpt"), device="cpu", obs_spec=OBS_SPEC, action_spec=ACTION_SPEC)
@@ -352,7 +352,7 @@ def test_pixel_policy_learns_privileged_state_from_images(tmp_path):
     # without the privileged state the loss is the action loss alone
     no_priv = {k: v for k, v in batch(4).items() if k != "privileged_state"}
     assert "aux_state_loss" not in policy.compute_loss(no_priv)[1]
-    policy.save(str(tmp_path / "ckpt"))
+    save_policy(policy, str(tmp_path / "ckpt"))
     again = load_policy(str(tmp_path / "ckpt"), device="cpu")
     assert again.config.aux_state_dim == 2
     torch.testing.assert_close(again.normalizer.privileged_mean, policy.normalizer.privileged_mean)

@@ -27,14 +27,14 @@ def without_run_info(metrics):
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     from embodied.core.registry import make_env
-    from policies import make_policy
+    from policies import make_policy, save_policy
 
     u = make_env("reach").unwrapped
     tiny = {"horizon": 4, "n_action_steps": 2, "n_obs_steps": 1, "hidden": 32, "n_layers": 1, "state_hidden": 32,
             "obs_dim": 16, "text_dim": 8, "num_inference_steps": 2, "ema": False}
     path = tmp_path_factory.mktemp("ck") / "ck"
-    make_policy("flow", tiny, u.observation_spec, u.action_spec, None, ["reach", "press-button"],
-                device="cpu").save(str(path))
+    save_policy(make_policy("flow", tiny, u.observation_spec, u.action_spec, None, ["reach", "press-button"],
+                            device="cpu"), str(path))
     return str(path)
 
 
@@ -55,8 +55,8 @@ def test_worker_processes_match_one_process(tiny_checkpoint):
 def test_grounding_policy_matches_in_worker_processes(tmp_path):
     """Grounded held-out wordings: the same wording chosen, and the same episodes, in workers."""
     from embodied.core.registry import make_env
-    from policies import load_policy, make_policy
-    from policies.common.grounding import InstructionGrounding
+    from policies import load_trained, make_policy, save_policy
+    from policies.common.grounding import GroundedPolicy, InstructionGrounding
     from sim.metaworld.instructions import INSTRUCTIONS
 
     tasks = ["reach-v3", "push-v3", "door-open-v3"]
@@ -66,12 +66,12 @@ def test_grounding_policy_matches_in_worker_processes(tmp_path):
     policy = make_policy("flow", tiny, u.observation_spec, u.action_spec, None, tasks, device="cpu")
     first = {t: [make_env(t).reset(seed=s)[0]["state"] for s in range(3)] for t in tasks}
     states = np.array([s for t in tasks for s in first[t]])
-    policy.grounding = InstructionGrounding.from_demonstrations(
+    grounding = InstructionGrounding.from_demonstrations(
         {t: INSTRUCTIONS[t][0] for t in tasks}, states, [t for t in tasks for _ in first[t]], states, k=3)
-    policy.save(str(tmp_path / "ck"))
+    save_policy(GroundedPolicy(policy, grounding), str(tmp_path / "ck"))
     kw = dict(tasks=tasks, episodes=2, splits=("heldout",), num_envs=2, progress=False,
               env_kwargs={"max_episode_steps": 5})
-    m1, r1 = evaluate(load_policy(str(tmp_path / "ck"), device="cpu"), **kw)
+    m1, r1 = evaluate(load_trained(str(tmp_path / "ck"), device="cpu"), **kw)
     m2, r2 = evaluate_sharded(PolicySource(str(tmp_path / "ck"), device="cpu"), **kw, workers=2)
     assert records(r2) == records(r1)
     assert without_run_info(m2) == without_run_info(m1)

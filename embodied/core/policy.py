@@ -44,20 +44,58 @@ def batch_row(value: Any, i: int) -> Any:
     return value[i: i + 1]
 
 
-def with_grounded(policy: "Policy", memo: tuple[str, str] | None, obs: Observation
-                  ) -> tuple[tuple[str, str] | None, Observation]:
-    """``obs`` with the instruction ``policy`` acts on, and the new memo.
+class Episode:
+    """The acting state of one episode: observation history (To) and action queue (Ta).
 
-    ``memo`` is (instruction given, instruction acted on) of the episode so far: a new
-    instruction is grounded once, with the first observation that carries it (see
-    ``Policy.ground_instruction``).
+    ``Policy.act`` keeps one; batched acting (``embodied.runtime.rollout.BatchActor``) keeps
+    one per environment and the same steps: ``push`` the observation the policy saw (after
+    ``Policy.observe``), ``batch`` the history when the queue ``needs_chunk``, ``fill`` it
+    with row (H, Da) of the chunk, ``pop`` the next action. ``memo`` holds what a wrapper
+    policy remembers for the episode (e.g. the wording it grounded an instruction to).
     """
-    if "instruction" not in obs:
-        return memo, obs
-    given = str(obs["instruction"])
-    if memo is None or memo[0] != given:
-        memo = (given, policy.ground_instruction(given, obs))
-    return memo, (obs if memo[1] == given else {**obs, "instruction": memo[1]})
+
+    def __init__(self, n_obs_steps: int, n_action_steps: int):
+        self.n_action_steps = max(1, int(n_action_steps))
+        self.history: deque[Observation] = deque(maxlen=max(1, int(n_obs_steps)))
+        self.queue: deque[np.ndarray] = deque()
+        self.memo: dict[str, Any] = {}
+
+    def push(self, obs: Observation) -> None:
+        """Append an observation; the first one also pads the history to To."""
+        if not self.history:
+            for _ in range(self.history.maxlen - 1):  # type: ignore[operator]
+                self.history.append(obs)
+        self.history.append(obs)
+
+    @property
+    def needs_chunk(self) -> bool:
+        return not self.queue
+
+    @property
+    def instruction(self) -> str | None:
+        """The instruction of the last observation pushed (the one the policy acts on)."""
+        return str(self.history[-1]["instruction"]) if self.history and "instruction" in self.history[-1] else None
+
+    def batch(self) -> dict[str, Any]:
+        """The history as a batch of one (see ``stack_history``)."""
+        return stack_history(list(self.history))
+
+    def fill(self, chunk: np.ndarray) -> None:
+        """Queue the first Ta actions of one row (H, Da) of a chunk."""
+        self.queue.extend(np.asarray(chunk[: self.n_action_steps], np.float32))
+
+    def pop(self) -> np.ndarray:
+        return self.queue.popleft()
+
+
+def check_chunk(chunk: Any, rows: int) -> np.ndarray:
+    """``chunk`` as a (rows, H, Da) array; ValueError for another shape, FloatingPointError for NaN/inf."""
+    out = np.asarray(chunk)
+    if out.ndim != 3 or out.shape[0] != rows:
+        raise ValueError(f"predict_chunk must return ({rows}, H, Da), got shape {out.shape}")
+    if not np.all(np.isfinite(out)):
+        raise FloatingPointError("policy produced a non-finite action chunk")
+    return out
 
 
 class Policy(abc.ABC):
@@ -74,37 +112,39 @@ class Policy(abc.ABC):
     n_action_steps: int = 1
 
     def __init__(self) -> None:
-        self._queue: deque[np.ndarray] = deque()
-        self._history: deque[Observation] = deque(maxlen=max(1, self.n_obs_steps))
-        self._grounded: tuple[str, str] | None = None
+        self._episode: Episode | None = None
+
+    @property
+    def unwrapped(self) -> "Policy":
+        """The innermost policy (itself here; see ``PolicyWrapper``), as ``env.unwrapped`` in gymnasium."""
+        return self
+
+    def new_episode(self) -> Episode:
+        """Fresh acting state for one episode with this policy's horizons."""
+        return Episode(self.n_obs_steps, self.n_action_steps)
 
     def reset(self) -> None:
-        """Forget the action queue, observation history and grounded instruction (call at episode start)."""
-        self._queue.clear()
-        self._history = deque(maxlen=max(1, self.n_obs_steps))
-        self._grounded = None
+        """Forget the action queue and observation history (call at episode start)."""
+        self._episode = self.new_episode()
 
-    def ground_instruction(self, instruction: str, obs: Observation) -> str:
-        """The wording this policy acts on when ``instruction`` is given with ``obs`` (the
-        first observation that carries it). The identity here; a policy may map wordings it
-        was not trained on to ones it was (see ``policies.common.grounding``)."""
-        return instruction
+    def observe(self, episode: Episode, obs: Observation) -> Observation:
+        """The observation this policy acts on when ``obs`` arrives in ``episode``.
+
+        The identity here. A wrapper policy may rewrite it per episode (grounding replaces an
+        unfamiliar instruction, see ``policies.common.grounding.GroundedPolicy``); both
+        ``act`` and batched acting call it once per step, before the history is updated.
+        """
+        return obs
 
     def act(self, obs: Observation) -> np.ndarray:
         """Return the next action (Da,) float32 for one observation; refills the queue."""
-        self._grounded, obs = with_grounded(self, self._grounded, obs)
-        if not self._history:  # pad history with the first observation
-            for _ in range(max(1, self.n_obs_steps) - 1):
-                self._history.append(obs)
-        self._history.append(obs)
-        if not self._queue:
-            chunk = np.asarray(self.predict_chunk(stack_history(list(self._history))))
-            if chunk.ndim != 3 or chunk.shape[0] != 1:
-                raise ValueError(f"predict_chunk must return (1, H, Da), got shape {chunk.shape}")
-            if not np.all(np.isfinite(chunk)):
-                raise FloatingPointError("policy produced a non-finite action chunk")
-            self._queue.extend(chunk[0, : self.n_action_steps].astype(np.float32))
-        return self._queue.popleft()
+        if self._episode is None:
+            self._episode = self.new_episode()
+        ep = self._episode
+        ep.push(self.observe(ep, obs))
+        if ep.needs_chunk:
+            ep.fill(check_chunk(self.predict_chunk(ep.batch()), 1)[0])
+        return ep.pop()
 
     @abc.abstractmethod
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
@@ -116,3 +156,26 @@ class Policy(abc.ABC):
             noise: optional (B, H, Da) initial noise for generative policies; sampling is
                 deterministic given it. Policies that ignore noise accept and ignore it.
         """
+
+
+class PolicyWrapper(Policy):
+    """A policy around another: same horizons, ``predict_chunk`` and ``observe`` passed through.
+
+    Subclasses override what they change. Nothing else is forwarded (no attribute magic):
+    reach the wrapped policy as ``.policy``, the innermost one as ``.unwrapped``.
+    """
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.n_obs_steps, self.horizon, self.n_action_steps = policy.n_obs_steps, policy.horizon, policy.n_action_steps
+        super().__init__()
+
+    @property
+    def unwrapped(self) -> Policy:
+        return self.policy.unwrapped
+
+    def observe(self, episode: Episode, obs: Observation) -> Observation:
+        return self.policy.observe(episode, obs)
+
+    def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
+        return self.policy.predict_chunk(obs_batch, noise)

@@ -16,16 +16,16 @@ def env_kwargs(obs_mode: str, image_size: int, cameras: list[str] | tuple[str, .
 
 def load_for_eval(checkpoint: str, device: str = "auto", num_inference_steps: int = 0,
                   ground_instructions: bool | None = None) -> Any:
-    from policies import load_policy
+    """The policy of ``checkpoint`` as trained (with its grounding wrapper when it grounds).
 
-    policy = load_policy(checkpoint, device=device)
+    ``num_inference_steps`` (when > 0) overrides the sampler's steps; ``ground_instructions``
+    None keeps the checkpoint's setting, True/False turns grounding on/off.
+    """
+    from policies import load_trained
+
+    policy = load_trained(checkpoint, device=device, ground_instructions=ground_instructions)
     if num_inference_steps:
-        policy.num_inference_steps = num_inference_steps
-    if ground_instructions is not None:
-        if ground_instructions and getattr(policy, "grounding", None) is None:
-            raise ValueError(f"ground_instructions=true is not allowed for {checkpoint!r}: it has no grounding.npz "
-                             "(`embodied train ... ground_instructions=true` builds one)")
-        policy.config.ground_instructions = bool(ground_instructions)
+        policy.unwrapped.num_inference_steps = num_inference_steps
     return policy
 
 
@@ -33,6 +33,7 @@ def policy_env_kwargs(policy: Any, tasks: list[str]) -> dict[str, Any]:
     """Env arguments that give ``policy`` the observations it was trained on; checks specs."""
     from embodied.core.registry import make_env
 
+    policy = policy.unwrapped
     spec = policy.obs_spec
     kw = env_kwargs(policy.config.obs_mode, spec.image_size, list(spec.cameras))
     from embodied.core.errors import SpecMismatchError

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from embodied.core.errors import UnknownNameError
-from embodied.core.policy import Policy, batch_row
+from embodied.core.policy import Episode, Policy, PolicyWrapper, batch_row
 from embodied.core.registry import get_task, make_env
 from embodied.runtime.rollout import EpisodeResult, run_episodes, wilson_interval
 
@@ -34,7 +34,7 @@ def _summary(results: Sequence[EpisodeResult], task: str) -> dict[str, Any]:
            "mean_return": float(np.mean([r.ret for r in results])) if n else 0.0,
            "mean_length": float(np.mean([r.length for r in results])) if n else 0.0}
     grounded = [r for r in results if r.grounded is not None]
-    if grounded:  # the policy acted on another wording than the one given (see Policy.ground_instruction)
+    if grounded:  # the policy acted on another wording than the one given (see Policy.observe, GroundedPolicy)
         out["grounded_episodes"] = len(grounded)
         own = _own_wordings(task)
         if own is not None:
@@ -173,7 +173,7 @@ def summarize(tasks: Sequence[str], results: Mapping[str, Sequence[EpisodeResult
     return metrics
 
 
-class RowwisePolicy(Policy):
+class RowwisePolicy(PolicyWrapper):
     """``policy`` run one batch row at a time, with each row's initial noise drawn from that row.
 
     Why (see ``embodied.runtime.distributed``): with a plain batched call an episode depends on the
@@ -193,15 +193,14 @@ class RowwisePolicy(Policy):
     """
 
     def __init__(self, policy: Policy):
-        self.policy = policy
-        self.n_obs_steps, self.horizon, self.n_action_steps = policy.n_obs_steps, policy.horizon, policy.n_action_steps
-        super().__init__()
-        self.noise_shape = getattr(policy, "noise_shape", None) if getattr(policy, "generative", True) else None
-        self.seed = int(getattr(getattr(policy, "config", None), "seed", 0))
+        super().__init__(policy)
+        inner = policy.unwrapped
+        self.noise_shape = getattr(inner, "noise_shape", None) if getattr(inner, "generative", True) else None
+        self.seed = int(getattr(getattr(inner, "config", None), "seed", 0))
 
-    def ground_instruction(self, instruction: str, obs: Mapping[str, Any]) -> str:
-        with _one_torch_thread():  # the encoder's vector must not depend on this process's threads
-            return self.policy.ground_instruction(instruction, obs)
+    def observe(self, episode: Episode, obs: Mapping[str, Any]) -> Mapping[str, Any]:
+        with _one_torch_thread():  # a grounding encoder's vector must not depend on this process's threads
+            return self.policy.observe(episode, obs)
 
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
         b = len(obs_batch["instruction"])
@@ -296,7 +295,7 @@ def write_report(out_dir: str | os.PathLike[str], metrics: Mapping[str, Any], ti
 
 
 def _grounding_lines(per: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """What the policy did with wordings it was not trained on (``Policy.ground_instruction``)."""
+    """What the policy did with wordings it was not trained on (``Policy.observe``: ``GroundedPolicy``)."""
     parts = [(t, split, q) for t, p in per.items() for split, q in [("train", p), *p.items()]
              if isinstance(q, Mapping) and q.get("grounded_episodes")]
     if not parts:

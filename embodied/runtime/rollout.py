@@ -10,14 +10,13 @@ chunk. Seeds fix each episode completely, so results do not depend on ``num_envs
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 
-from embodied.core.policy import Policy, stack_history, with_grounded
+from embodied.core.policy import Episode, Policy, check_chunk
 
 
 @dataclass
@@ -43,53 +42,42 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 class BatchActor:
-    """Per-environment action queues and observation histories around one ``Policy``.
+    """``Policy.act`` for several environments at once: one ``Episode`` per environment.
 
-    ``act(obs_list, active)`` returns one action per active env, calling
-    ``policy.predict_chunk`` once for all envs whose queue is empty.
+    ``act(obs_list, active)`` returns one action per active env. Each env's step is the
+    one ``Policy.act`` takes (``policy.observe``, then the episode's history and queue),
+    except that ``policy.predict_chunk`` runs once for all envs whose queue is empty.
     """
 
     def __init__(self, policy: Policy, num_envs: int):
         self.policy = policy
-        self.to = max(1, int(getattr(policy, "n_obs_steps", 1)))
-        self.ta = max(1, int(getattr(policy, "n_action_steps", 1)))
-        self.queues: list[deque[np.ndarray]] = [deque() for _ in range(num_envs)]
-        self.hist: list[deque[dict[str, Any]]] = [deque(maxlen=self.to) for _ in range(num_envs)]
-        # (instruction given, instruction acted on) per env: ``policy.ground_instruction`` runs
-        # on the first observation that carries a new instruction
-        self.grounded: list[tuple[str, str] | None] = [None] * num_envs
+        self.episodes: list[Episode] = [policy.new_episode() for _ in range(num_envs)]
 
     def reset(self, i: int) -> None:
-        self.queues[i].clear()
-        self.hist[i].clear()
-        self.grounded[i] = None
+        self.episodes[i] = self.policy.new_episode()
 
+    def acted_on(self, i: int) -> str | None:
+        """The instruction env ``i``'s policy acts on in its episode (after ``observe``)."""
+        return self.episodes[i].instruction
 
     def act(self, obs: list[dict[str, Any]], active: Sequence[int], extra: dict[str, list[Any]] | None = None
             ) -> dict[int, np.ndarray]:
         for i in active:
-            self.grounded[i], o = with_grounded(self.policy, self.grounded[i], obs[i])
-            h = self.hist[i]
-            while len(h) < self.to - 1:
-                h.append(o)
-            h.append(o)
-        need = [i for i in active if not self.queues[i]]
+            ep = self.episodes[i]
+            ep.push(self.policy.observe(ep, obs[i]))
+        need = [i for i in active if self.episodes[i].needs_chunk]
         if need:
-            parts = [stack_history(list(self.hist[i])) for i in need]
+            parts = [self.episodes[i].batch() for i in need]
             batch: dict[str, Any] = {"instruction": [p["instruction"][0] for p in parts],
                                      "state": np.concatenate([p["state"] for p in parts])}
             if "image" in parts[0]:
                 batch["image"] = np.concatenate([p["image"] for p in parts])
             for k, v in (extra or {}).items():
                 batch[k] = [v[i] for i in need]
-            chunk = np.asarray(self.policy.predict_chunk(batch))
-            if chunk.shape[0] != len(need) or chunk.ndim != 3:
-                raise ValueError(f"predict_chunk returned {chunk.shape}, expected ({len(need)}, H, Da)")
-            if not np.isfinite(chunk).all():
-                raise FloatingPointError("policy produced a non-finite action chunk")
+            chunk = check_chunk(self.policy.predict_chunk(batch), len(need))
             for j, i in enumerate(need):
-                self.queues[i].extend(chunk[j, : self.ta].astype(np.float32))
-        return {i: self.queues[i].popleft() for i in active}
+                self.episodes[i].fill(chunk[j])
+        return {i: self.episodes[i].pop() for i in active}
 
 
 def _unbatch(obs: dict[str, Any], n: int) -> list[dict[str, Any]]:
@@ -198,10 +186,10 @@ def run_episodes(
                 ret[i] += float(rew[i])
                 length[i] += 1
                 if term[i] or trunc[i]:
-                    g = actor.grounded[i] if actor is not None else None
+                    acted = actor.acted_on(i) if actor is not None else None
                     results[slot[i]] = EpisodeResult(seeds[slot[i]], instr[i], bool(info["success"][i]),
                                                      int(length[i]), float(ret[i]), frames[i],
-                                                     g[1] if g is not None and g[1] != g[0] else None)
+                                                     acted if acted != instr[i] else None)
                     done.append(i)
                     if progress is not None:
                         progress.update(1)

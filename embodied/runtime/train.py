@@ -46,6 +46,7 @@ import numpy as np
 
 from embodied.core.registry import get_task, make_env, resolve_tasks
 from embodied.runtime.evaluate import write_json
+from policies import save_policy
 
 log = logging.getLogger("embodied.train")
 
@@ -303,7 +304,7 @@ def _save(policy: Any, opt: Any, sched: Any, step: int, curve: list[Any], out: P
 
     tmp, final = out / "checkpoint.tmp", out / "checkpoint"
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save(str(tmp))
+    save_policy(policy, str(tmp))
     torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "curve": curve},
                tmp / "trainer_state.pt")
     old = out / "checkpoint.old"
@@ -325,7 +326,7 @@ def _snapshot(policy: Any, step: int, out: Path) -> None:
         return
     tmp = final.parent / f".{final.name}.tmp"  # not matched by step_*
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save(str(tmp))
+    save_policy(policy, str(tmp))
     os.replace(tmp, final)
 
 
@@ -399,8 +400,11 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     batcher = Batcher(ds, tasks, policy.n_obs_steps, policy.horizon, cfg.obs_mode == "pixels", cfg.seed + start_step,
                       privileged=policy.config.aux_state_dim > 0 and "privileged_state" in ds.features)
     policy.prepare_instructions(batcher.all_instructions())  # embed them all at once, not step by step
+    deployed: Any = policy  # what is saved and evaluated: the network, with its grounding wrapper
     if policy.config.ground_instructions:
-        policy.attach_grounding(batcher.grounding(policy.config.ground_neighbours))
+        from policies.common.grounding import GroundedPolicy
+
+        deployed = GroundedPolicy(policy, batcher.grounding(policy.config.ground_neighbours))
     from torch.utils.tensorboard import SummaryWriter
 
     tb = SummaryWriter(str(out / "tb"))
@@ -409,7 +413,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
 
     def periodic_eval(step: int) -> None:
         policy.eval()
-        m, _ = evaluate(policy, tasks, cfg.eval_episodes_periodic, ("train",), cfg.eval_seed + 50_000,
+        m, _ = evaluate(deployed, tasks, cfg.eval_episodes_periodic, ("train",), cfg.eval_seed + 50_000,
                         cfg.num_envs, vector, kw, progress=False)
         policy.train()
         curve.append({"step": step, "success_rate": m["success_rate"]})
@@ -446,21 +450,21 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 periodic_eval(step + 1)
             if cfg.snapshot_every and (step + 1) % cfg.snapshot_every == 0:
-                _snapshot(policy, step + 1, out)  # before _save: a crash in between still resumes to it
+                _snapshot(deployed, step + 1, out)  # before _save: a crash in between still resumes to it
             if (step + 1) % cfg.save_every == 0:
-                _save(policy, opt, sched, step + 1, curve, out)
+                _save(deployed, opt, sched, step + 1, curve, out)
         step = cfg.steps
     except KeyboardInterrupt:
         log.warning("interrupted at step %d: saving a checkpoint to resume from", step)
-        _save(policy, opt, sched, step, curve, out)
+        _save(deployed, opt, sched, step, curve, out)
         raise
     finally:
         bar.close()
     train_time = time.time() - t_train
     samples_per_s = (cfg.steps - start_step) * cfg.batch_size / max(train_time, 1e-9)
     if cfg.snapshot_every:
-        _snapshot(policy, cfg.steps, out)
-    _save(policy, opt, sched, cfg.steps, curve, out)
+        _snapshot(deployed, cfg.steps, out)
+    _save(deployed, opt, sched, cfg.steps, curve, out)
 
     policy.eval()
     workers = _workers(cfg, len(tasks) * 2 * cfg.eval_episodes)
@@ -471,7 +475,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
                                             ("train", "heldout"), cfg.eval_seed, cfg.num_envs, vector, kw,
                                             videos=cfg.videos, progress=cfg.progress, workers=workers)
     else:
-        metrics, results = evaluate(policy, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
+        metrics, results = evaluate(deployed, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
                                     cfg.num_envs, vector, kw, videos=cfg.videos, progress=cfg.progress)
     curve.append({"step": cfg.steps, "success_rate": metrics["success_rate"]})
     videos = save_videos(out, results) if cfg.videos else {}

@@ -17,7 +17,7 @@ Training loop (written by the caller)::
     for batch in loader:
         loss, logs = policy.compute_loss(batch)
         opt.zero_grad(); loss.backward(); opt.step(); sched.step(); policy.ema_update()
-    policy.save(run_dir / "checkpoint")
+    policies.save_policy(policy, run_dir / "checkpoint")
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ import torch
 from torch import nn
 
 from embodied.core.errors import SpecMismatchError
-from embodied.core.policy import Observation, Policy, batch_row
-from embodied.core.specs import ActionSpec, ObservationSpec
+from embodied.core.policy import Policy, batch_row
+from embodied.core.specs import ActionSpec, ObservationSpec, check_compatible
 from policies.common.config import PolicyConfig
 from policies.common.ema import EMA
 from policies.common.encoders import ObsEncoder, TextPool
-from policies.common.grounding import InstructionGrounding
 from policies.common.nets import row_invariant
 from policies.common.normalize import Normalizer
 from policies.common.text import make_text_embedder
@@ -127,8 +126,6 @@ class TorchPolicy(Policy, nn.Module):
                                     "head": self.build_head(config.obs_dim + config.text_dim)})
         self.ema = EMA(self.model, config.ema_power, config.ema_max_decay) if config.ema else None
         self._generator = torch.Generator().manual_seed(config.seed)
-        self._act_task: str | None = None
-        self.grounding: InstructionGrounding | None = None  # set by ``embodied train`` or from the checkpoint
         self.to(resolve_device(device))
 
     # ---- family hooks -------------------------------------------------------------------
@@ -178,8 +175,6 @@ class TorchPolicy(Policy, nn.Module):
         if "instruction" not in batch:
             raise ValueError(f"{what} has no 'instruction' (list of B str); keys: {sorted(batch)}")
         tasks = batch.get("task")
-        if tasks is None and self._act_task is not None and b == 1:
-            tasks = [self._act_task]
         return {"state": state.to(self.device, torch.float32), "images": images,
                 "instruction": _str_list(batch["instruction"], f"{what}['instruction']", b),
                 "task": None if tasks is None else _str_list(tasks, f"{what}['task']", b)}
@@ -237,24 +232,8 @@ class TorchPolicy(Policy, nn.Module):
         if self.config.text_pool == "attention":
             self.text.embed_tokens(list(instructions))
 
-    def ground_instruction(self, instruction: str, obs: Mapping[str, Any]) -> str:
-        """With ``config.ground_instructions`` and a grounding index, a wording this policy
-        was not trained on becomes the nearest training wording among the tasks whose
-        demonstrations start like ``obs["state"]`` (see ``policies.common.grounding``);
-        otherwise the instruction as given."""
-        if not self.config.ground_instructions or self.grounding is None or "state" not in obs:
-            return instruction
-        state = np.asarray(obs["state"], dtype=np.float32)
-        if state.ndim > 1:  # a history: its first step
-            state = state.reshape(-1, state.shape[-1])[0]
-        return self.grounding.ground(instruction, state, self._sentence_vectors)
-
-    def attach_grounding(self, grounding: InstructionGrounding) -> None:
-        """Use ``grounding`` (saved with the checkpoint), its wordings embedded by this policy's encoder."""
-        grounding.ensure_embeddings(self._sentence_vectors)
-        self.grounding = grounding
-
-    def _sentence_vectors(self, texts: list[str]) -> np.ndarray:
+    def sentence_vectors(self, texts: list[str]) -> np.ndarray:
+        """Sentence vectors (N, D) of this policy's frozen text encoder (for grounding)."""
         return self.text.embed(texts).numpy()
 
     @torch.no_grad()
@@ -334,18 +313,6 @@ class TorchPolicy(Policy, nn.Module):
             return self._chunk(obs, noise_t, rowwise=b > 1)
         return np.concatenate([self.predict_chunk(batch_row(obs_batch, i), noise_t[i: i + 1]) for i in range(b)])
 
-    def act(self, obs: Observation) -> np.ndarray:
-        """Next action (Da,) from the chunk queue (see ``embodied.Policy.act``).
-
-        ``obs["task"]`` (if present) is passed on to ``predict_chunk`` for this call:
-        ``stack_history`` keeps only state/image/instruction, and one-hot policies need it.
-        """
-        self._act_task = str(obs["task"]) if "task" in obs else None
-        try:
-            return super().act(obs)
-        finally:
-            self._act_task = None
-
     def compute_loss(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         """Training loss on a batch; returns (scalar loss with grad, logs of floats).
 
@@ -424,13 +391,16 @@ class TorchPolicy(Policy, nn.Module):
 
     def check_spec(self, obs_spec: ObservationSpec, action_spec: ActionSpec,
                    tasks: Sequence[str] | None = None) -> None:
-        """Raise SpecMismatchError if this policy cannot run on a task with these specs."""
-        from policies.common.checkpoint import check_spec
+        """Raise SpecMismatchError naming what differs between this policy and a task.
 
-        check_spec(self, obs_spec, action_spec, tasks)
-
-    def save(self, path: str) -> None:
-        """Write ``model.safetensors`` + ``config.json`` into directory ``path``."""
-        from policies.common.checkpoint import save_policy
-
-        save_policy(self, path)
+        State size and action size/bounds must match; cameras and image size too for pixel
+        policies. One-hot policies must also know every task in ``tasks``.
+        """
+        pixels = self.config.obs_mode == "pixels"
+        check_compatible(f"{self.name} policy's observation spec", self.obs_spec, obs_spec, check_cameras=pixels)
+        check_compatible(f"{self.name} policy's action spec", self.action_spec, action_spec)
+        if tasks is not None and self.config.text_encoder == "onehot":
+            unknown = [t for t in tasks if t not in self.task_names]
+            if unknown:
+                raise SpecMismatchError(f"{self.name} policy (one-hot task ids) was not trained on tasks {unknown}; "
+                                        f"it knows {self.task_names}")

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from embodied.core.errors import SpecMismatchError
-from embodied.core.specs import ActionSpec, ObservationSpec, check_compatible
-from policies.common.grounding import GROUNDING_FILE, InstructionGrounding
+from embodied.core.specs import ActionSpec, ObservationSpec
+from embodied.core.policy import Policy, PolicyWrapper
+from policies.common.grounding import GROUNDING_FILE, GroundedPolicy
 
 if TYPE_CHECKING:
     from policies.common.base import TorchPolicy
@@ -31,10 +31,16 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def save_policy(policy: "TorchPolicy", path: str | Path) -> Path:
-    """Write the checkpoint directory ``path`` (created if needed); returns it."""
+def save_policy(policy: Policy, path: str | Path) -> Path:
+    """Write the checkpoint directory ``path`` (created if needed); returns it.
+
+    ``policy`` is a ``TorchPolicy``, or wrapper policies around one: a ``GroundedPolicy``
+    among them also writes its index (``grounding.npz``).
+    """
     from safetensors.torch import save_file
 
+    grounded = _find_wrapper(policy, GroundedPolicy)
+    policy = policy.unwrapped  # type: ignore[assignment]
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}
@@ -49,9 +55,8 @@ def save_policy(policy: "TorchPolicy", path: str | Path) -> Path:
     }
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION), "policy": policy.name})
     (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    grounding = getattr(policy, "grounding", None)
-    if grounding is not None:
-        grounding.save(out / GROUNDING_FILE)
+    if grounded is not None:
+        grounded.grounding.save(out / GROUNDING_FILE)
     else:  # never leave another policy's index beside these weights
         (out / GROUNDING_FILE).unlink(missing_ok=True)
     return out
@@ -85,7 +90,7 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec:
     """Load a saved policy in eval mode; optionally check it against a task's specs.
 
     Args:
-        path: checkpoint directory written by ``policy.save``.
+        path: checkpoint directory written by ``save_policy``.
         device: ``"auto"`` (cuda if available), ``"cpu"``, ...
         obs_spec, action_spec, tasks: when given, ``check_spec`` runs before returning and
             raises SpecMismatchError if the checkpoint does not fit.
@@ -114,26 +119,42 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec:
     except RuntimeError as e:
         raise ValueError(f"{Path(path) / WEIGHTS_FILE} does not fit the {meta['policy']!r} policy described by "
                          f"{CONFIG_FILE}: {e}") from None
-    if (Path(path) / GROUNDING_FILE).is_file():
-        policy.grounding = InstructionGrounding.load(Path(path) / GROUNDING_FILE)
     policy.eval()
     if obs_spec is not None or action_spec is not None or tasks is not None:
-        check_spec(policy, obs_spec or policy.obs_spec, action_spec or policy.action_spec, tasks)
+        policy.check_spec(obs_spec or policy.obs_spec, action_spec or policy.action_spec, tasks)
     return policy
 
 
-def check_spec(policy: "TorchPolicy", obs_spec: ObservationSpec, action_spec: ActionSpec,
-               tasks: Sequence[str] | None = None) -> None:
-    """Raise SpecMismatchError naming what differs between a policy and a task.
+def load_trained(path: str | Path, device: str | torch.device = "auto",
+                 ground_instructions: bool | None = None) -> Policy:
+    """The policy as trained: ``load_policy``, wrapped in a ``GroundedPolicy`` when it grounds.
 
-    State size and action size/bounds must match; cameras and image size too for pixel
-    policies. One-hot policies must also know every task in ``tasks``.
+    Args:
+        path: checkpoint directory.
+        device: as in ``load_policy``.
+        ground_instructions: None keeps the checkpoint's setting (its config's
+            ``ground_instructions`` with a ``grounding.npz``); True asks for grounding (an
+            error when the checkpoint has no index); False turns it off.
     """
-    pixels = policy.config.obs_mode == "pixels"
-    check_compatible(f"{policy.name} policy's observation spec", policy.obs_spec, obs_spec, check_cameras=pixels)
-    check_compatible(f"{policy.name} policy's action spec", policy.action_spec, action_spec)
-    if tasks is not None and policy.config.text_encoder == "onehot":
-        unknown = [t for t in tasks if t not in policy.task_names]
-        if unknown:
-            raise SpecMismatchError(f"{policy.name} policy (one-hot task ids) was not trained on tasks {unknown}; "
-                                    f"it knows {policy.task_names}")
+    from policies.common.grounding import load_grounding
+
+    policy = load_policy(path, device=device)
+    grounding = load_grounding(path)
+    if ground_instructions and grounding is None:
+        raise ValueError(f"ground_instructions=true is not allowed for {str(path)!r}: it has no {GROUNDING_FILE} "
+                         "(`embodied train ... ground_instructions=true` builds one)")
+    if ground_instructions is not None:
+        policy.config.ground_instructions = bool(ground_instructions)
+    if policy.config.ground_instructions and grounding is not None:
+        return GroundedPolicy(policy, grounding)
+    return policy
+
+
+def _find_wrapper(policy: Policy, cls: type) -> Any:
+    """The first wrapper of type ``cls`` from the outside in, or None."""
+    while True:
+        if isinstance(policy, cls):
+            return policy
+        if not isinstance(policy, PolicyWrapper):
+            return None
+        policy = policy.policy

@@ -21,15 +21,20 @@ proprioception only. Instructions with parameters (which block, which colour) ar
 whole to one training instruction, so grounding is off unless a recipe turns it on
 (``PolicyConfig.ground_instructions``).
 
-Stored in a checkpoint as ``grounding.npz`` (plain arrays, no pickles).
+``GroundedPolicy`` is the wrapper policy that applies it: it rewrites the instruction in
+``Policy.observe``, once per episode, so ``act`` and batched evaluation ground alike, and
+the wrapped policy knows nothing of it. Stored in a checkpoint as ``grounding.npz`` (plain
+arrays, no pickles).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from embodied.core.policy import Episode, Observation, Policy, PolicyWrapper
 
 GROUNDING_FILE = "grounding.npz"
 
@@ -160,6 +165,59 @@ class InstructionGrounding:
             raise ValueError(f"{path} lacks {sorted(missing)}")
         return cls(a["task_names"].tolist(), a["instructions"].tolist(), a["instruction_tasks"], a["scenes"],
                    a["scene_tasks"], a["state_mean"], a["state_std"], int(a["k"]), a.get("embeddings"))
+
+
+def load_grounding(checkpoint: str | Path) -> InstructionGrounding | None:
+    """The grounding index saved in a checkpoint folder, or None when it has none."""
+    path = Path(checkpoint) / GROUNDING_FILE
+    return InstructionGrounding.load(path) if path.is_file() else None
+
+
+class GroundedPolicy(PolicyWrapper):
+    """``policy`` acting on grounded instructions (see the module docstring).
+
+    Args:
+        policy: the policy to wrap; its innermost policy must embed sentences
+            (``sentence_vectors(texts) -> (N, D)``) unless ``embed`` is given.
+        grounding: the index built from the policy's training data.
+        embed: unit sentence vectors of the wrapped policy's text encoder.
+    """
+
+    def __init__(self, policy: Policy, grounding: InstructionGrounding, embed: Embed | None = None):
+        super().__init__(policy)
+        if embed is None:
+            embed = getattr(policy.unwrapped, "sentence_vectors", None)
+            if embed is None:
+                raise TypeError(f"{type(policy.unwrapped).__name__} has no sentence encoder to ground "
+                                "instructions with (a one-hot policy reads no words)")
+        self.grounding, self.embed = grounding, embed
+        grounding.ensure_embeddings(embed)
+
+    def ground(self, instruction: str, obs: Observation) -> str:
+        """The wording to act on when ``instruction`` arrives with ``obs`` (its first observation)."""
+        if "state" not in obs:
+            return instruction
+        state = np.asarray(obs["state"], dtype=np.float32)
+        if state.ndim > 1:  # a history: its first step
+            state = state.reshape(-1, state.shape[-1])[0]
+        return self.grounding.ground(instruction, state, self.embed)
+
+    def observe(self, episode: Episode, obs: Observation) -> Observation:
+        obs = self.policy.observe(episode, obs)
+        if "instruction" not in obs:
+            return obs
+        given = str(obs["instruction"])
+        memo = episode.memo.get("grounding")
+        if memo is None or memo[0] != given:  # a new instruction: ground it with this observation
+            memo = episode.memo["grounding"] = (given, self.ground(given, obs))
+        return obs if memo[1] == given else {**obs, "instruction": memo[1]}
+
+    @property
+    def batches_rows(self) -> bool:
+        return bool(getattr(self.policy, "batches_rows", False))
+
+    def predict_rows(self, obs_batch: Mapping[str, Any], noise: Any = None) -> np.ndarray:
+        return self.policy.predict_rows(obs_batch, noise)  # type: ignore[attr-defined]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
