@@ -127,8 +127,7 @@ def run_group(policy: Policy | str, task: str, split: str, custom: Sequence[str]
     With ``vector="sync"`` the episodes play one after another in a single environment
     when the policy acts one row at a time (the expert, or a ``RowwisePolicy`` over a policy
     without ``batches_rows``): more in-process environments would batch nothing and only
-    add construction time (0.017 s each on Meta-World, which compiles each scene once per
-    process; 0.12 s before that, a third of a state evaluation's time at ``num_envs=10``).
+    add construction time (see docs/results.md).
     """
     if vector == "sync" and (policy == "expert" or (isinstance(policy, RowwisePolicy)
                                                     and not getattr(policy.policy, "batches_rows", False))):
@@ -186,8 +185,8 @@ class RowwisePolicy(PolicyWrapper):
     instruction and task) -- the same hashing idea as the diffusion policy's ddpm sampler.
     Explicit ``noise`` (steering) is passed through, row by row. A torch policy whose
     ``batches_rows`` is true computes the rows as one batch with ``predict_rows``, which
-    gives each row bitwise what it gives alone (~3x less time per row than a loop, at 10
-    rows); others run row by row. Rows run on one torch thread: the result of a reduction
+    gives each row bitwise what it gives alone, for less time per row than a loop; others
+    run row by row. Rows run on one torch thread: the result of a reduction
     (the text encoder's, for one) depends on how many threads share it, and a Ray worker
     has one CPU where this process may have many.
     """

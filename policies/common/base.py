@@ -267,7 +267,7 @@ class TorchPolicy(Policy, nn.Module):
         one batch under ``row_invariant`` (see ``predict_rows``)."""
         model = self.inference_model
         was_training = model.training
-        if was_training:  # train()/eval() walk every module: ~1 ms a call, 1/7 of a one-row chunk
+        if was_training:  # train()/eval() walk every module: not free on a one-row chunk
             model.eval()
         try:
             if rowwise:
@@ -363,8 +363,8 @@ class TorchPolicy(Policy, nn.Module):
     def make_optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the trainable weights (not the EMA copy nor the normaliser).
 
-        Uses the fused kernel on CPU and CUDA: 4x faster steps on a CPU, where the
-        per-tensor implementation takes ~20% of a small policy's training step.
+        Uses the fused kernel on CPU and CUDA: on a CPU the per-tensor implementation is a
+        large share of a small policy's training step (docs/results.md).
         """
         c = self.config
         fused = self.device.type in ("cpu", "cuda")

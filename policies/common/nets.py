@@ -5,7 +5,7 @@ cond = [observation features || text features] comes from the policy's encoders.
 
 - ``MLPDenoiser`` (default): the chunk is flattened (H*Da values) and passed through
   residual blocks ``h + W2 mish(W1 (LN(h) * (1 + s) + b))`` with per-block (s, b) from the
-  conditioning. Cheap on a CPU: a training step is ~11x faster than the U-Net's at H=16.
+  conditioning. Cheap on a CPU: a training step is much faster than the U-Net's (docs/results.md).
 - ``ConditionalUnet1D``: Diffusion Policy's 1-D temporal conv U-Net (Chi et al. 2023):
   residual conv blocks with GroupNorm and FiLM, downsampling by 2 per level, skip
   connections. Better inductive bias for long, smooth chunks and pixel policies.
