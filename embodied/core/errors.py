@@ -30,5 +30,9 @@ class InvalidActionError(EmbodiedError, ValueError):
     """An action of the wrong shape, or with NaN/inf values."""
 
 
+class InvalidObservationError(EmbodiedError, ValueError):
+    """An observation of the wrong shape, or with NaN/inf values."""
+
+
 class DatasetError(EmbodiedError, IOError):
     """A dataset on disk that is missing, corrupt or inconsistent."""

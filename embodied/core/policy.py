@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from embodied.core.errors import InvalidObservationError
+
 Observation = Mapping[str, Any]
 
 
@@ -61,7 +63,20 @@ class Episode:
         self.memo: dict[str, Any] = {}
 
     def push(self, obs: Observation) -> None:
-        """Append an observation; the first one also pads the history to To."""
+        """Append an observation; the first one also pads the history to To.
+
+        Raises InvalidObservationError for a ``state`` with NaN/inf or of another shape than
+        the episode's first, even while queued actions would not need it yet.
+        """
+        if "state" in obs:
+            state = np.asarray(obs["state"])
+            if not np.all(np.isfinite(state)):
+                raise InvalidObservationError(f"observation 'state' contains NaN/inf: {state}")
+            if self.history and "state" in self.history[-1]:
+                before = np.shape(self.history[-1]["state"])
+                if state.shape != before:
+                    raise InvalidObservationError(f"observation 'state' has shape {state.shape}, but this episode's "
+                                                  f"states have shape {before}")
         if not self.history:
             for _ in range(self.history.maxlen - 1):  # type: ignore[operator]
                 self.history.append(obs)

@@ -43,10 +43,20 @@ from policies.common.text import make_text_embedder
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu."""
+    """``"auto"`` -> cuda when available, else cpu; a device that does not exist here is an error."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r} is not a torch device ({e}); use auto, cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but this machine has no CUDA GPU; device=auto picks what exists")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}, but this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r}, but MPS is not available here; device=auto picks what exists")
+    return dev
 
 
 def _as_tensor(value: Any, what: str) -> torch.Tensor:

@@ -75,6 +75,9 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
         meta = json.loads((d / CONFIG_FILE).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{d / CONFIG_FILE} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{d / CONFIG_FILE} must hold a JSON object (policy, config, specs), got a "
+                         f"{type(meta).__name__}")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise ValueError(f"{d / CONFIG_FILE}: checkpoint format_version={version!r}, this code reads "
@@ -111,7 +114,11 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec:
     dev = resolve_device(device)
     policy = cls(config, ObservationSpec.from_dict(meta["obs_spec"]), ActionSpec.from_dict(meta["action_spec"]),
                  stats=None, task_names=meta.get("task_names") or None, device=dev)
-    state = load_file(str(Path(path) / WEIGHTS_FILE), device=str(dev))
+    try:
+        state = load_file(str(Path(path) / WEIGHTS_FILE), device=str(dev))
+    except Exception as e:  # safetensors raises its own error type for a truncated or damaged file
+        raise ValueError(f"{Path(path) / WEIGHTS_FILE} is damaged or truncated ({e}); save the checkpoint "
+                         "again or use another one") from None
     if legacy_text:  # the text projection was nn.Sequential(Linear, Mish): ``text.0.*`` -> ``text.proj.*``
         state = {k.replace(".text.0.", ".text.proj."): v for k, v in state.items()}
     try:
