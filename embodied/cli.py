@@ -10,11 +10,12 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("embodied.runtime.train", "train a policy from scripted demonstrations, then evaluate it"),
-    "eval": ("embodied.runtime.eval", "evaluate a checkpoint (or the scripted experts) on a suite"),
-    "collect": ("embodied.runtime.collect", "record scripted-expert demonstrations to a dataset"),
-    "play": ("embodied.runtime.play", "run one episode with your own instruction and save a video"),
-    "bench": ("embodied.runtime.bench", "measure simulation, rendering and policy speed"),
+    "train": ("embodied.commands.train", "train a policy from scripted demonstrations, then evaluate it"),
+    "eval": ("embodied.commands.eval", "evaluate a checkpoint (or the scripted experts) on a suite"),
+    "collect": ("embodied.commands.collect", "record scripted-expert demonstrations to a dataset"),
+    "play": ("embodied.commands.play", "run one episode with your own instruction and save a video"),
+    "bench": ("embodied.commands.bench", "measure simulation, rendering and policy speed"),
+    "data": ("embodied.commands.data", "validate or repair an episode dataset (validate|repair path=DIR)"),
 }
 
 
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
 
     sim.render.configure_gl()
     module = importlib.import_module(COMMANDS[cmd][0])
+    actions = getattr(module, "ACTIONS", ())
+    if actions and rest and "=" not in rest[0] and not rest[0].startswith("-"):
+        rest = [f"action={rest[0]}", *rest[1:]]  # `embodied data repair ...` reads as action=repair
     sys.argv = [f"embodied {cmd}", *rest]
     module.main()
 

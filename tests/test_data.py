@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from embodied import data
-from embodied.runtime.data import Dataset, EpisodeRecorder, make_windows, sample_windows
+from embodied.runtime import data
+from embodied.runtime.data import Dataset, EpisodeRecorder, check_dataset, make_windows, sample_windows
 from embodied.core.errors import DatasetError
 from embodied.core.specs import ActionSpec, ObservationSpec
 
@@ -325,5 +325,67 @@ def test_windows_padding_convention(tmp_path):
     assert make_windows(ends, horizon=3, max_action_pad=1).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]]
     with pytest.raises(ValueError, match="outside"):
         sample_windows(arrays, ends, np.array([[0, 3]]), 2, 3)
-    only = ds.load_arrays(("state",), tasks=["none"])
-    assert only[0]["state"].shape == (0, 1) and only[1].tolist() == []
+    with pytest.raises(DatasetError, match="have no episodes"):  # not silently zero rows
+        ds.load_arrays(("state",), tasks=["none"])
+
+
+def test_quarantine_moves_bad_files_aside_and_keeps_every_whole_episode(filled):
+    ds, eps = filled
+    victim = ds.root / "episodes" / "ep_000001.npz"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    report = check_dataset(ds.root)  # validate only: nothing moves
+    assert report["episodes"] == 2 and report["quarantined"] == [] and victim.exists()
+    assert len(report["corrupt"]) == 1 and "ep_000001.npz" in report["corrupt"][0]
+    report = check_dataset(ds.root, repair=True)
+    assert report["quarantined"] == ["ep_000001.npz"] and report["episodes"] == 2
+    assert (ds.root / "quarantine" / "ep_000001.npz").read_bytes() == data[: len(data) // 2]  # kept, not deleted
+    reopened = Dataset.open(ds.root, validate=True)  # now opens cleanly
+    assert [m["seed"] for m in reopened.episodes_meta] == [100, 102]
+    assert np.array_equal(reopened[1]["state"], eps[2]["state"])
+    reopened.append(eps[0])  # a new episode never takes the quarantined one's number
+    assert (ds.root / "episodes" / "ep_000003.npz").exists()
+
+
+def test_a_deleted_file_listed_in_the_index_can_be_repaired(filled):
+    ds, _ = filled
+    (ds.root / "episodes" / "ep_000002.npz").unlink()
+    assert check_dataset(ds.root, repair=True)["episodes"] == 2
+    assert len(Dataset.open(ds.root)) == 2
+
+
+def test_load_arrays_names_an_unknown_task(filled):
+    ds, _ = filled
+    with pytest.raises(DatasetError, match=r"tasks \['nope'\] have no episodes"):
+        ds.load_arrays(tasks=["nope"])
+
+
+def run_cli(*args, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_truncated_episode_does_not_block_collection(tmp_path):
+    """From the command line: collect names the bad file and the way out; quarantine goes on;
+    `embodied data validate|repair` report and mend a dataset without collecting."""
+    out = tmp_path / "ds"
+    args = ("collect", "tasks=[reach]", "episodes=2", f"out={out}", "progress=false")
+    assert run_cli(*args, f"hydra.run.dir={tmp_path}/c1", cwd=tmp_path).returncode == 0
+    victim = out / "episodes" / "ep_000000.npz"
+    victim.write_bytes(victim.read_bytes()[:64])
+    r = run_cli(*args, "episodes=3", f"hydra.run.dir={tmp_path}/c2", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "ep_000000.npz" in r.stderr and "embodied data repair" in r.stderr
+    r = run_cli("data", "validate", f"path={out}", f"hydra.run.dir={tmp_path}/v", cwd=tmp_path)
+    assert r.returncode == 1 and "ep_000000.npz" in r.stderr + r.stdout
+    r = run_cli(*args, "episodes=3", "on_corrupt=quarantine", f"hydra.run.dir={tmp_path}/c3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (out / "quarantine" / "ep_000000.npz").exists()
+    assert len(Dataset.open(out, validate=True)) == 3  # the whole one kept, two new ones
+    r = run_cli("data", "repair", f"path={out}", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads((tmp_path / "r" / "metrics.json").read_text())["episodes"] == 3
+    r = run_cli("data", "mend", f"path={out}", cwd=tmp_path)
+    assert r.returncode == 2 and "action must be one of ('validate', 'repair')" in r.stderr

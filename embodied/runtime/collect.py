@@ -24,6 +24,7 @@ import numpy as np
 
 from embodied.core.registry import make_env
 from embodied.runtime.checkpoints import env_kwargs
+from embodied.runtime.data import ON_CORRUPT
 from embodied.runtime.distributed import RayOptions, ray_options
 
 log = logging.getLogger("embodied.collect")
@@ -45,6 +46,9 @@ class CollectConfig:
     action_noise: float = 0.0  # std of Gaussian noise on executed actions
     only_success: bool = True  # drop failed expert episodes
     max_attempts_factor: float = 2.0  # give up on a task after factor * episodes attempts
+    # a corrupt episode file already in `out`: raise (name it), skip it, or quarantine it (move it to
+    # out/quarantine/ and go on); `embodied data repair path=...` does the last without collecting
+    on_corrupt: str = "raise"
     progress: bool = True
     runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
     workers: int = 1  # runner=local: worker processes (0: one per CPU core); the same dataset either way
@@ -62,6 +66,8 @@ class CollectConfig:
             raise ValueError(f"action_noise must be in [0, 1], got {self.action_noise}")
         if self.max_attempts_factor < 1.0:
             raise ValueError(f"max_attempts_factor must be >= 1, got {self.max_attempts_factor}")
+        if self.on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {self.on_corrupt!r}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: one per CPU core), got {self.workers}")
         ray_options(self)
@@ -144,8 +150,8 @@ def expert_shard(task: str, seeds: tuple[int, ...], kw: dict[str, Any], features
 def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "state", image_size: int = 64,
             cameras: list[str] | tuple[str, ...] = (), seed: int = 0, action_noise: float = 0.0,
             only_success: bool = True, max_attempts_factor: float = 2.0, progress: bool = True,
-            suite: str = "", runner: str = "local", ray_options: RayOptions | None = None, workers: int = 1
-            ) -> dict[str, Any]:
+            suite: str = "", runner: str = "local", ray_options: RayOptions | None = None, workers: int = 1,
+            on_corrupt: str = "raise") -> dict[str, Any]:
     """Fill ``out`` with ``episodes`` expert episodes per task (resuming); return a summary.
 
     ``runner="ray"`` plays the episodes on Ray workers (``ray_options``), and ``workers`` > 1
@@ -162,7 +168,7 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
     # pixel datasets also keep the full state: a training-only target (the policy never reads it)
     privileged_dim = len(probe.unwrapped.privileged_state()) if obs_mode == "pixels" else 0
     if privileged_dim and (Path(out) / "meta.json").exists() and \
-            "privileged_state" not in Dataset.open(out).features:
+            "privileged_state" not in Dataset.open(out, on_corrupt="skip").features:
         privileged_dim = 0  # an older pixel dataset: keep appending in its own format
     features = features_for(probe.unwrapped.observation_spec, probe.unwrapped.action_spec, terms,
                             privileged_dim=privileged_dim)
@@ -170,7 +176,7 @@ def collect(tasks: list[str], out: str | Path, episodes: int, obs_mode: str = "s
             "observation_spec": probe.unwrapped.observation_spec.to_dict(),
             "action_spec": probe.unwrapped.action_spec.to_dict(), "reward_terms": terms}
     probe.close()
-    ds = Dataset.create(out, features, info, exist_ok=True)
+    ds = Dataset.create(out, features, info, exist_ok=True, on_corrupt=on_corrupt)
     have = Counter(m.get("task") for m in ds.episodes_meta)
     other = sorted({m["action_noise"] for m in ds.episodes_meta
                     if m.get("task") in tasks and m.get("action_noise", action_noise) != action_noise})

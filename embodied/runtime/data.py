@@ -39,6 +39,8 @@ _EP_RE = re.compile(r"^ep_(\d{6,})\.npz$")
 _TMP_RE = re.compile(r"\.tmp-(\d+)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$")
 _META_KEY = "__meta__"
+ON_CORRUPT = ("raise", "skip", "quarantine")
+QUARANTINE = "quarantine"
 
 
 def features_for(obs_spec: ObservationSpec, action_spec: ActionSpec,
@@ -207,13 +209,14 @@ class Dataset:
     # ---- creating and opening -------------------------------------------------
     @classmethod
     def create(cls, root: str | os.PathLike, features: Features, info: Mapping[str, Any] | None = None,
-               exist_ok: bool = False) -> "Dataset":
-        """Create an empty dataset; with ``exist_ok`` reopen one with the same features to append."""
+               exist_ok: bool = False, on_corrupt: str = "raise") -> "Dataset":
+        """Create an empty dataset; with ``exist_ok`` reopen one with the same features to append
+        (``on_corrupt`` as in ``open``)."""
         root, feats = Path(root), _norm_features(features)
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
             if not exist_ok:
                 raise DatasetError(f"{root} exists and is not empty; pass exist_ok=True to append to it")
-            ds = cls.open(root)
+            ds = cls.open(root, on_corrupt=on_corrupt)
             diffs = [f"{k!r}: on disk {_fmt(ds.features.get(k))}, given {_fmt(feats.get(k))}"
                      for k in sorted(set(ds.features) | set(feats)) if ds.features.get(k) != feats.get(k)]
             if diffs:
@@ -239,11 +242,13 @@ class Dataset:
         ``validate=True`` also reads every episode and checks keys, dtypes, shapes and lengths.
 
         Args:
-            on_corrupt: "raise" (DatasetError naming each bad file and what is wrong) or
-                "skip" (warn, and leave those episodes out).
+            on_corrupt: "raise" (DatasetError naming each bad file and what is wrong),
+                "skip" (warn, and leave those episodes out), or "quarantine" (warn, move each
+                bad file into ``quarantine/`` and drop it from the index; nothing is deleted).
+                An index line whose file is gone is dropped by "skip" and "quarantine".
         """
-        if on_corrupt not in ("raise", "skip"):
-            raise DatasetError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
+        if on_corrupt not in ON_CORRUPT:
+            raise DatasetError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
         root = Path(root)
         meta = _read_meta(root)
         files, ep_dir = {}, root / "episodes"
@@ -253,7 +258,7 @@ class Dataset:
             elif (t := _TMP_RE.search(p.name)) and not _pid_alive(int(t.group(1))):
                 p.unlink(missing_ok=True)  # left by a writer that crashed
         indexed, dirty = _read_index(root / "index.jsonl")
-        entries, bad = [], []
+        entries, bad, bad_paths = [], [], []
         for ep_id in sorted(set(files) | set(indexed)):
             path, entry = files.get(ep_id), indexed.get(ep_id)
             try:
@@ -271,11 +276,19 @@ class Dataset:
                 entries.append(entry)
             except DatasetError as e:
                 bad.append(f"{path.name if path else f'ep_{ep_id:06d}.npz'}: {e}")
+                if path is not None:
+                    bad_paths.append(path)
         if bad:
             msg = f"{len(bad)} corrupt episode(s) in {root}:\n  " + "\n  ".join(bad)
             if on_corrupt == "raise":
-                raise DatasetError(msg + "\n(open with on_corrupt='skip' to load the others)")
-            warnings.warn(msg + "\n(skipped)", stacklevel=2)
+                raise DatasetError(msg + f"\n(`embodied data repair path={root}` moves them to quarantine/ and "
+                                   "keeps the rest; or pass on_corrupt=skip to leave them out of this run)")
+            if on_corrupt == "quarantine":  # the index is rewritten without them below
+                _quarantine(root, bad_paths)
+                msg, dirty = msg + f"\n(moved to {root / QUARANTINE})", True
+            else:  # skip: the files and the index stay as they are, so the next open reports them again
+                msg += "\n(skipped)"
+            warnings.warn(msg, stacklevel=2)
         ds = cls(root, meta, entries, max(set(files) | set(indexed), default=-1) + 1, dirty)
         if dirty:
             try:
@@ -445,6 +458,12 @@ class Dataset:
         if unknown:
             raise DatasetError(f"unknown features {unknown}; the dataset has {sorted(self.features)}")
         keep = None if tasks is None else set(tasks)
+        if keep is not None:
+            have = {e.get("task") for e in self._entries}
+            missing = sorted(keep - have)
+            if missing:
+                raise DatasetError(f"tasks {missing} have no episodes in {self.root}; it holds "
+                                   f"{sorted(str(t) for t in have)}")
         sel = [i for i, e in enumerate(self._entries) if keep is None or e.get("task") in keep]
         ends = np.cumsum([self._entries[i]["length"] for i in sel], dtype=np.int64)
         n = int(ends[-1]) if len(ends) else 0
@@ -459,6 +478,37 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({str(self.root)!r}, episodes={len(self)}, features={sorted(self.features)})"
+
+
+def _quarantine(root: Path, paths: Sequence[Path]) -> None:
+    """Move ``paths`` into ``root/quarantine/`` (never overwriting an earlier one)."""
+    dest = root / QUARANTINE
+    dest.mkdir(exist_ok=True)
+    for p in paths:
+        target, n = dest / p.name, 1
+        while target.exists():
+            target, n = dest / f"{p.stem}.{n}{p.suffix}", n + 1
+        os.replace(p, target)
+    _fsync_dir(dest)
+    _fsync_dir(root / "episodes")
+
+
+def check_dataset(root: str | os.PathLike, repair: bool = False) -> dict[str, Any]:
+    """Read every episode of a dataset; with ``repair``, quarantine the bad ones and rewrite the index.
+
+    Returns ``{"dataset", "episodes" (whole ones), "corrupt": [messages], "quarantined": [file names]}``.
+    Nothing is deleted: a bad file moves to ``quarantine/``, where it can be inspected.
+    """
+    root = Path(root)
+    before = {p.name for p in (root / QUARANTINE).iterdir()} if (root / QUARANTINE).is_dir() else set()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = Dataset.open(root, validate=True, on_corrupt="quarantine" if repair else "skip")
+    corrupt = [line.strip() for w in caught if "corrupt episode" in str(w.message)
+               for line in str(w.message).splitlines()[1:] if line.startswith("  ")]
+    after = {p.name for p in (root / QUARANTINE).iterdir()} if (root / QUARANTINE).is_dir() else set()
+    return {"dataset": str(root.resolve()), "episodes": len(ds), "corrupt": corrupt,
+            "quarantined": sorted(after - before)}
 
 
 def _fmt(spec: dict[str, Any] | None) -> str:
