@@ -77,3 +77,21 @@ def test_a_torch_policy_refuses_a_bad_state_mid_chunk(tmp_path):
     policy.act({"state": np.zeros(3, np.float32), "instruction": "reach"})
     with pytest.raises(InvalidObservationError, match="NaN/inf"):
         policy.act({"state": np.full(3, np.inf, np.float32), "instruction": "reach"})
+
+
+def cli(*args, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("eval", "seed=-1"), "seed must be >= 0"),
+    (("collect", "seed=-5", "out=ds"), "seed must be >= 0"),
+])
+def test_negative_seeds_are_refused_and_leave_nothing_behind(tmp_path, args, message):
+    r = cli(*args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "ds").exists()

@@ -60,6 +60,8 @@ class CollectConfig:
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0 (episode seeds are seed + task_index * 1_000_000 + k), got {self.seed}")
         if self.obs_mode not in OBS_MODES:
             raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {self.obs_mode!r}")
         if not 0.0 <= self.action_noise <= 1.0:

@@ -80,6 +80,8 @@ class EvalConfig:
                              "(the output of `embodied train`), or use policy=expert")
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0 (episode k uses seed + k), got {self.seed}")
         if self.num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
         if self.vector not in VECTOR:
