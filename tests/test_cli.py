@@ -135,16 +135,19 @@ def test_train_eval_play_resume(tmp_path):
     assert r.returncode != 0 and "does not match" in r.stderr
 
 
-def test_snapshot_is_atomic_and_never_overwritten(tmp_path):
+def test_snapshot_is_atomic_and_never_overwritten(tmp_path, monkeypatch):
+    import embodied.runtime.train as train_module
     from embodied.runtime.train import _snapshot
 
     class FakePolicy:
         saves = 0
 
-        def save(self, path):
-            FakePolicy.saves += 1
-            Path(path).mkdir(parents=True)
-            (Path(path) / "model.safetensors").write_text(str(FakePolicy.saves))
+    def save(policy, path):
+        FakePolicy.saves += 1
+        Path(path).mkdir(parents=True)
+        (Path(path) / "model.safetensors").write_text(str(FakePolicy.saves))
+
+    monkeypatch.setattr(train_module, "save_policy", save)
 
     # a leftover temp dir from a crash is replaced, and never looks like a snapshot
     (tmp_path / "checkpoints" / ".step_0000010.tmp").mkdir(parents=True)

@@ -68,6 +68,9 @@ def test_grounding_policy_matches_in_worker_processes(tmp_path):
     states = np.array([s for t in tasks for s in first[t]])
     grounding = InstructionGrounding.from_demonstrations(
         {t: INSTRUCTIONS[t][0] for t in tasks}, states, [t for t in tasks for _ in first[t]], states, k=3)
+    # one wording at a time, as a fresh worker embeds them: MiniLM's shared cache would otherwise
+    # hold batch-computed vectors here, a last-bit difference from the workers'
+    grounding.ensure_embeddings(lambda texts: np.concatenate([policy.sentence_vectors([t]) for t in texts]))
     save_policy(GroundedPolicy(policy, grounding), str(tmp_path / "ck"))
     kw = dict(tasks=tasks, episodes=2, splits=("heldout",), num_envs=2, progress=False,
               env_kwargs={"max_episode_steps": 5})
