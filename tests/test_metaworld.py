@@ -17,7 +17,7 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 from embodied.core.errors import InvalidActionError  # noqa: E402
 from embodied.core.registry import get_suite, get_task, list_tasks, make_env  # noqa: E402
 from sim.base import INSTRUCTION_CHARSET  # noqa: E402
-from sim.metaworld.instructions import INSTRUCTIONS  # noqa: E402
+from sim.metaworld import INSTRUCTIONS  # noqa: E402  (task -> Paraphrases, from instructions.yaml)
 from sim.metaworld.tasks import ALL_TASKS, MT10, MT50  # noqa: E402
 
 
@@ -63,16 +63,17 @@ switch thread transport unmount upright wide wield without work yank""".split())
 
 def test_training_wordings_never_use_heldout_only_words():
     leaks = {(task, s): sorted(set(re.findall(r"[a-z]+", s.lower())) & HELDOUT_ONLY_WORDS)
-             for task, (train, _) in INSTRUCTIONS.items() for s in train}
+             for task, words in INSTRUCTIONS.items() for s in words.train}
     leaks = {k: v for k, v in leaks.items() if v}
     assert not leaks, f"training wordings use held-out-only words: {leaks}"
-    heldout_words = {w for _, held in INSTRUCTIONS.values() for s in held for w in re.findall(r"[a-z]+", s.lower())}
+    heldout_words = {w for words in INSTRUCTIONS.values() for s in words.heldout
+                     for w in re.findall(r"[a-z]+", s.lower())}
     assert HELDOUT_ONLY_WORDS <= heldout_words  # the list names words of the held-out split
 
 
 @pytest.mark.parametrize("task", ALL_TASKS)
 def test_instruction_split(task):
-    train, heldout = INSTRUCTIONS[task]
+    train, heldout = INSTRUCTIONS[task].train, INSTRUCTIONS[task].heldout
     assert len(set(train)) >= 5 and len(set(heldout)) >= 3
     assert not set(train) & set(heldout)
     assert all(set(s) <= set(INSTRUCTION_CHARSET) and len(s) <= 256 for s in train + heldout)
@@ -86,7 +87,7 @@ def test_contract_every_task(task):
     u = env.unwrapped
     obs, info = env.reset(seed=3)
     assert obs["state"].dtype == np.float32 and obs["state"].shape == (39,) and np.isfinite(obs["state"]).all()
-    assert obs["instruction"] in INSTRUCTIONS[task][0] and not info["success"]
+    assert obs["instruction"] in INSTRUCTIONS[task].train and not info["success"]
     assert u.observation_spec.state_dim == 39 and u.action_spec.dim == 4 and u.max_episode_steps == 200
     for _ in range(5):
         a = u.expert_action()
@@ -100,7 +101,7 @@ def test_contract_every_task(task):
 def test_heldout_env_uses_heldout_wording():
     env = make_env("door-open-v3", instruction_split="heldout")
     seen = {env.reset(seed=s)[0]["instruction"] for s in range(10)}
-    assert seen <= set(INSTRUCTIONS["door-open-v3"][1]) and len(seen) > 1
+    assert seen <= set(INSTRUCTIONS["door-open-v3"].heldout) and len(seen) > 1
 
 
 @pytest.mark.parametrize("task", ["reach-v3", "pick-place-v3"])
