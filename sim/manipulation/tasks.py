@@ -3,7 +3,7 @@
 Each task is registered (in ``sim/manipulation/__init__.py``) from the ``TASKS`` table
 below, with its wordings from ``instructions.yaml`` beside this file. Reward terms are in
 [0, 1]; their weights sum to 1. Experts are small state machines over the state vector
-(see ``world.py`` for its layout); their memory lives in a dict the env clears on reset.
+(see ``state.py`` for its layout); their memory lives in a dict the env clears on reset.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sim.manipulation.scene import BLOCK_COLORS, BUTTON_COLORS, BLOCK_HALF
-from sim.manipulation.world import STEP_M, block_index, button_index
+from sim.manipulation.state import STEP_M, block_index, button_index
 
 OPEN, CLOSE = -1.0, 1.0
 HALF_OPEN = 0.33  # each finger 1.5 cm from the centre line
