@@ -28,16 +28,17 @@ def test_check_env_state_and_pixels(task):
         env.close()
 
 
-def _metaworld_tasks() -> list[str]:
-    try:
-        return embodied.list_tasks("metaworld-mt50")
-    except Exception:  # metaworld plugin unavailable
-        return []
+# Meta-World is a hard dependency: a plugin that fails to import fails collection here,
+# instead of leaving an empty parameter list that silently drops these tests.
+METAWORLD_TASKS = embodied.list_tasks("metaworld-mt50")
 
 
-@pytest.mark.parametrize("task", _metaworld_tasks())
+def test_metaworld_suite_registered():
+    assert len(METAWORLD_TASKS) == 50 and "metaworld-mt10" in embodied.list_suites()
+
+
+@pytest.mark.parametrize("task", METAWORLD_TASKS)
 def test_check_env_metaworld(task):
-    pytest.importorskip("metaworld")
     env = embodied.make_env(task)
     check_env(env, skip_render_check=True)
     env.close()

@@ -7,18 +7,16 @@ import subprocess
 import sys
 import warnings
 
+import metaworld  # noqa: F401  (a hard dependency: missing, this module fails loudly, never skips)
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
 
-pytest.importorskip("metaworld")
-
-from gymnasium.utils.env_checker import check_env  # noqa: E402
-
-from embodied.core.errors import InvalidActionError  # noqa: E402
-from embodied.core.registry import get_suite, get_task, list_tasks, make_env  # noqa: E402
-from sim.base import INSTRUCTION_CHARSET  # noqa: E402
-from sim.metaworld import INSTRUCTIONS  # noqa: E402  (task -> Paraphrases, from instructions.yaml)
-from sim.metaworld.tasks import ALL_TASKS, MT10, MT50  # noqa: E402
+from embodied.core.errors import InvalidActionError
+from embodied.core.registry import get_suite, get_task, list_tasks, make_env
+from sim.base import INSTRUCTION_CHARSET
+from sim.metaworld import INSTRUCTIONS  # task -> Paraphrases, from instructions.yaml
+from sim.metaworld.tasks import ALL_TASKS, MT10, MT50
 
 
 def test_static_lists_match_the_package():
