@@ -7,6 +7,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import embodied
+from embodied.core.env import EmbodiedEnv
 from embodied.core.errors import InvalidActionError, UnknownNameError
 from embodied.core.registry import get_task
 
@@ -41,6 +42,26 @@ def test_metaworld_suite_registered():
 def test_check_env_metaworld(task):
     env = embodied.make_env(task)
     check_env(env, skip_render_check=True)
+    env.close()
+
+
+@pytest.mark.parametrize("task", TASKS + METAWORLD_TASKS)
+def test_env_protocol(task):
+    """What embodied.core.env documents: the members, the info keys, the physics step."""
+    import mujoco
+
+    env = embodied.make_env(task)
+    u = env.unwrapped
+    _, info = env.reset(seed=0)
+    assert isinstance(u, EmbodiedEnv)
+    assert set(info) == {"success", "reward_terms", "params"} and isinstance(info["params"], dict)
+    assert isinstance(u.model, mujoco.MjModel) and isinstance(u.data, mujoco.MjData)
+    assert isinstance(u.n_substeps, int) and u.n_substeps >= 1
+    assert (u.native_env is not None) == (task in METAWORLD_TASKS)
+    t0 = u.data.time
+    _, _, _, _, info = env.step(np.zeros(env.action_space.shape, np.float32))
+    assert set(info) == {"success", "reward_terms"}
+    assert u.data.time == pytest.approx(t0 + u.n_substeps * u.model.opt.timestep)
     env.close()
 
 
