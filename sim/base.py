@@ -114,6 +114,7 @@ class BaseEnv(gym.Env):
         if bad:
             raise ValueError(f"unknown camera(s) {bad} for task {self.spec_task.name!r}; its cameras: {valid}")
         self.cameras = cams if obs_mode != "state" else ()
+        self.render_camera = self.render_camera or self.default_cameras[0]
         self._renderers: dict[int, Any] = {}
         self._rotated: frozenset[str] = frozenset()  # cameras whose frames are turned 180 degrees
 
@@ -226,7 +227,7 @@ class BaseEnv(gym.Env):
     def render(self) -> np.ndarray | None:
         if self.render_mode != "rgb_array":
             return None
-        return self._render(self.render_camera or self.default_cameras[0], self.render_size)
+        return self._render(self.render_camera, self.render_size)
 
     def close(self) -> None:
         for r in self._renderers.values():

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -208,3 +212,31 @@ def test_sim_robot_contract():
                 break
         assert robot.last_info["success"]
     assert not robot.is_connected
+
+
+# ----------------------------------------------------------------- bench
+@pytest.mark.parametrize("suite, substeps", [("manipulation", 10), ("navigation", 5)])
+def test_bench_smoke(tmp_path, suite, substeps):
+    """``embodied bench`` on our own worlds: figures beside their baselines, no native one."""
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", f"suite={suite}", "sim_steps=10",
+                        "render_frames=2", "render_sizes=[32,48]", "sections=[sim,render,experts]",
+                        "expert_episodes=1", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    tasks = embodied.list_tasks(suite)
+    assert list(m["sim"]["per_task"]) == tasks == list(m["experts"]["per_task"])
+    for task, p in m["sim"]["per_task"].items():
+        assert p["substeps"] == substeps and p["replay_max_abs_qpos_diff"] == 0.0, task
+        assert p["env_vs_raw"] == pytest.approx(p["env_steps_per_s"] / p["raw_steps_per_s"])
+        assert "native_steps_per_s" not in p
+    assert "mean_env_vs_native" not in m["sim"] and m["sim"]["mean_env_vs_raw"] > 0
+    assert set(m["render"]) == {f"{s}px_{k}" for s in (32, 48) for k in ("fps", "default_fps", "vs_default")}
+    for task, p in m["experts"]["per_task"].items():
+        assert p["steps"] == get_task(task).max_episode_steps and 0.0 <= p["success_rate"] <= 1.0
+        assert "native_same_layouts_success_rate" not in p
+
+
+def test_bench_bad_config(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", "sections=[sim,speed]",
+                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "sections" in r.stderr and "'speed'" in r.stderr and "experts" in r.stderr

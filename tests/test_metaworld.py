@@ -2,6 +2,7 @@
 
 import sim  # noqa: F401  (configures headless GL before mujoco is imported)
 
+import json
 import re
 import subprocess
 import sys
@@ -237,3 +238,37 @@ def test_rollout_with_expert():
     res = run_episodes(lambda: make_env("reach-v3", max_episode_steps=100), seeds=[0, 1, 2], policy="expert",
                        num_envs=2)
     assert [r.seed for r in res] == [0, 1, 2] and all(r.success for r in res)
+
+
+def test_bench_metaworld_mt10_smoke(tmp_path):
+    """``embodied bench`` on MT10: each figure beside its baseline, a baseline that replays the
+    very same episodes, and Meta-World's own env and expert as the adapter's baselines."""
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", "suite=metaworld-mt10", "sim_steps=10",
+                        "render_frames=2", "render_sizes=[32]", "sections=[sim,render,experts]", "expert_episodes=1",
+                        "expert_steps=20", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["suite"] == "metaworld-mt10" and m["tasks"] == list(MT10)
+    assert list(m["sim"]["per_task"]) == list(MT10)
+    for task, p in m["sim"]["per_task"].items():
+        assert p["substeps"] == 5, task
+        assert p["replay_max_abs_qpos_diff"] == 0.0, f"{task}: the mj_step baseline simulated other episodes"
+        assert p["env_vs_raw"] == pytest.approx(p["env_steps_per_s"] / p["raw_steps_per_s"])
+        assert p["env_vs_native"] == pytest.approx(p["env_steps_per_s"] / p["native_steps_per_s"])
+    assert {"mean_env_steps_per_s", "mean_env_vs_raw", "mean_env_vs_native"} <= set(m["sim"])
+    assert set(m["render"]) == {"32px_fps", "32px_default_fps", "32px_vs_default"}
+    assert m["render"]["32px_fps"] > 0 and m["render"]["32px_default_fps"] > 0
+    for task, p in m["experts"]["per_task"].items():
+        assert p["steps"] == 20 and p["episodes"] == 1 and 0 <= p["episodes_agree"] <= 1, task
+        for k in ("success_rate", "native_same_layouts_success_rate", "native_benchmark_success_rate"):
+            assert 0.0 <= p[k] <= 1.0, (task, k)
+
+
+def test_bench_experts_paired_with_metaworld():
+    """The adapter's expert episodes and Meta-World's own on the same layouts agree."""
+    from embodied.runtime.bench import bench_experts
+
+    p = bench_experts("reach-v3", episodes=3, seed=0)
+    assert p["steps"] == 200 and p["success_rate"] == 1.0
+    assert p["native_same_layouts_success_rate"] == 1.0 and p["episodes_agree"] == 3
+    assert p["native_benchmark_success_rate"] >= 2 / 3

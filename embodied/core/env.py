@@ -81,6 +81,7 @@ class EmbodiedEnv(Protocol):
         image_size: side of observation images (pixels).
         render_mode: None or ``"rgb_array"``.
         render_size: side of ``render()`` frames (pixels).
+        render_camera: the camera ``render()`` shows.
         proprio_dims: leading state entries kept in ``"pixels"`` mode.
         instruction: the current episode's instruction ("" before the first reset).
         instruction_split: ``"train"``, ``"heldout"`` or ``"custom"`` (the user's own wording).
@@ -101,6 +102,7 @@ class EmbodiedEnv(Protocol):
     image_size: int
     render_mode: str | None
     render_size: int
+    render_camera: str
     proprio_dims: int
     instruction: str
     instruction_split: str

@@ -81,6 +81,7 @@ class MetaWorldEnv(BaseEnv):
                                   if self.data.cam_xmat[i].reshape(3, 3)[2, 1] < 0)
         self._raw = np.zeros(STATE_DIM)  # Meta-World's last observation (float64), for the expert
         self._success = False
+        self._plain: Any = None  # (Meta-World env, its policy) for the native_* baselines, built on first use
 
     @property
     def n_substeps(self) -> int:  # type: ignore[override]
@@ -137,11 +138,8 @@ class MetaWorldEnv(BaseEnv):
         current episode's layout (its ``rand_vec``, set with ``set_task``); whether
         ``info["success"]`` is set within ``steps`` steps. A paired check that the adapter
         loses nothing: the same layout, nothing of ours in the loop."""
-        from metaworld.env_dict import ALL_V3_ENVIRONMENTS
-
-        data = {"env_cls": ALL_V3_ENVIRONMENTS[self.spec_task.name], "rand_vec": np.array(self.mw._last_rand_vec),
-                "partially_observable": False}
-        return _native_expert_success(self.spec_task.name, [_task(self.spec_task.name, data)], steps)[0]
+        data = {"env_cls": type(self.mw), "rand_vec": np.array(self.mw._last_rand_vec), "partially_observable": False}
+        return self._native_expert_success([_task(self.spec_task.name, data)], steps)[0]
 
     def native_benchmark_success(self, episodes: int, steps: int, seed: int = 0) -> list[bool]:
         """Meta-World's scripted policy on Meta-World's env, the documented way:
@@ -153,36 +151,43 @@ class MetaWorldEnv(BaseEnv):
         tasks: list[Any] = []
         while len(tasks) < episodes:
             tasks += metaworld.MT1(self.spec_task.name, seed=seed + len(tasks) // 50).train_tasks
-        return _native_expert_success(self.spec_task.name, tasks[:episodes], steps)
+        return self._native_expert_success(tasks[:episodes], steps)
+
+    def _native_expert_success(self, tasks: list[Any], steps: int) -> list[bool]:
+        """Per-layout success of Meta-World's scripted policy on a plain Meta-World env of
+        this task (built as Meta-World builds it, once per adapter)."""
+        if self._plain is None:
+            from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+            from metaworld.policies import ENV_POLICY_MAP
+
+            self._plain = ALL_V3_ENVIRONMENTS[self.spec_task.name](), ENV_POLICY_MAP[self.spec_task.name]()
+        (env, policy), wins = self._plain, []
+        for t in tasks:
+            env.set_task(t)
+            obs, _ = env.reset()
+            won = False
+            for _ in range(min(steps, env.max_path_length)):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    action = policy.get_action(obs)
+                obs, _, _, _, info = env.step(action)
+                if info["success"]:
+                    won = True
+                    break
+            wins.append(won)
+        return wins
+
+    def close(self) -> None:
+        super().close()
+        if self._plain is not None:
+            self._plain[0].close()
+            self._plain = None
 
 
 def _task(name: str, data: dict[str, Any]) -> Any:
     from metaworld.types import Task
 
     return Task(env_name=name, data=pickle.dumps(data))
-
-
-def _native_expert_success(name: str, tasks: list[Any], steps: int) -> list[bool]:
-    """Per-task success of Meta-World's scripted policy on a plain Meta-World env."""
-    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
-    from metaworld.policies import ENV_POLICY_MAP
-
-    env, policy, wins = ALL_V3_ENVIRONMENTS[name](), ENV_POLICY_MAP[name](), []
-    for t in tasks:
-        env.set_task(t)
-        obs, _ = env.reset()
-        won = False
-        for _ in range(min(steps, env.max_path_length)):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                action = policy.get_action(obs)
-            obs, _, _, _, info = env.step(action)
-            if info["success"]:
-                won = True
-                break
-        wins.append(won)
-    env.close()
-    return wins
 
 
 _COMPILED: dict[tuple[str, int, int], Any] = {}  # (xml path, mtime, size) -> pristine MjModel
