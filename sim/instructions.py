@@ -34,6 +34,7 @@ INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " .,;:'!?-()/"
 MAX_INSTRUCTION_CHARS = 256
 SPLITS = ("train", "heldout")
 _STR = "tag:yaml.org,2002:str"
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, when PyYAML was built with it
 
 
 class InstructionFileError(EmbodiedError, ValueError):
@@ -85,16 +86,18 @@ def _compose(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise InstructionFileError(f"cannot read instruction file {path}: {e}") from None
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         context = f" ({e.context} at line {e.context_mark.line + 1})" if e.context and e.context_mark else ""
         raise InstructionFileError(f"{where}: not valid YAML: {e.problem or e.context}{context}") from None
-    except yaml.YAMLError as e:  # e.g. a character YAML does not allow (ReaderError)
-        pos = getattr(e, "position", None)
-        where = f"{path}:{text.count(chr(10), 0, pos) + 1}" if pos is not None else str(path)
-        raise InstructionFileError(f"{where}: not valid YAML: {e}") from None
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow
+        line = text.count("\n", 0, e.position) + 1
+        ch = chr(e.character) if isinstance(e.character, int) else e.character
+        raise InstructionFileError(f"{path}:{line}: not valid YAML: character {ch!r}: {e.reason}") from None
+    except yaml.YAMLError as e:
+        raise InstructionFileError(f"{path}: not valid YAML: {e}") from None
 
 
 def _template(path: Path, task: str, node: Any) -> str:

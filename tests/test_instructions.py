@@ -63,6 +63,7 @@ pick:
 @pytest.mark.parametrize("text, line, says", [
     (GOOD.replace('"lift the {color} block"', '"lift the {color} block'), 6, "not valid YAML"),
     (GOOD.replace('    - "hoist', '\t- "hoist'), 6, "not valid YAML"),
+    (GOOD.replace('"lift the {color} block"', '"lift the {color}\x07 block"'), 4, "control characters"),
     (GOOD.replace('"lift the {color} block"', "3"), 4, "must be a string"),
     (GOOD.replace('"lift the {color} block"', '"lift the {color block"'), 4, "not a template"),
     (GOOD.replace('"lift the {color} block"', '"lift the {0} block"'), 4, "plain name"),
