@@ -197,11 +197,11 @@ _COMPILE_LOCK = threading.Lock()
 def _initialize_from_compiled(env: Any) -> tuple[Any, Any]:
     """``MujocoEnv._initialize_simulation`` with each XML compiled once per process.
 
-    Compiling a Meta-World scene takes ~0.11 s, nearly all of building the env, and an
-    evaluation builds ``num_envs`` envs for every task and wording split (MT50 at
-    ``num_envs=10``: a minute of compiling per worker). A copy of the compiled model takes
-    ~0.014 s and is the same model, array for array; each env gets its own copy, since
-    Meta-World moves bodies in its model at reset. Otherwise as gymnasium's method.
+    Compiling a Meta-World scene is nearly all of building the env, and an evaluation
+    builds ``num_envs`` envs for every task and wording split. A copy of the compiled
+    model costs a fraction of a compile and is the same model, array for array; each env
+    gets its own copy, since Meta-World moves bodies in its model at reset. Otherwise as
+    gymnasium's method.
     """
     import mujoco
 
