@@ -41,7 +41,7 @@ log = logging.getLogger("embodied.bench")
 
 SECTIONS = ("sim", "render", "experts", "policy")
 # The render baseline (MuJoCo's default visuals) can be an order of magnitude slower on a
-# CPU, so it renders this many times fewer frames than ``render_frames`` (at least 2).
+# CPU, so it renders one frame for every this many of the env's.
 DEFAULT_RENDER_SHARE = 10
 
 
@@ -191,8 +191,8 @@ def bench_render(task: str, sizes: list[int], frames: int, seed: int = 0) -> dic
     """``env.render()`` frames/s per size against MuJoCo's default ``mujoco.Renderer``.
 
     The baseline renders the same camera and scene from a copy of the model taken before
-    the env applied its light visual settings (``sim.render.fast_visuals``), for
-    ``frames // DEFAULT_RENDER_SHARE`` frames (at least 2).
+    the env applied its light visual settings (``sim.render.fast_visuals``), one frame
+    after every ``DEFAULT_RENDER_SHARE`` of the env's, timed separately.
 
     Returns:
         Per size S: ``{S}px_fps``, ``{S}px_default_fps`` and ``{S}px_vs_default``.
@@ -207,21 +207,25 @@ def bench_render(task: str, sizes: list[int], frames: int, seed: int = 0) -> dic
         default_model = copy.copy(u.model)  # MuJoCo's visual defaults: the env has not rendered yet
         default_model.vis.global_.offwidth = max(int(default_model.vis.global_.offwidth), size)
         default_model.vis.global_.offheight = max(int(default_model.vis.global_.offheight), size)
-        env.render()  # creates the GL context
-        t = time.perf_counter()
-        for _ in range(frames):
-            env.render()
-        ours = frames / (time.perf_counter() - t)
         camera = u.render_camera
-        n = max(2, frames // DEFAULT_RENDER_SHARE)
         with mujoco.Renderer(default_model, size, size) as r:
+            env.render()  # both GL contexts exist and have drawn once before timing
             r.update_scene(u.data, camera)
             r.render()
-            t = time.perf_counter()
-            for _ in range(n):
-                r.update_scene(u.data, camera)
-                r.render()
-            default = n / (time.perf_counter() - t)
+            # interleaved, so that both see the same load on the machine
+            t_ours = t_default = 0.0
+            n = 0
+            for i in range(frames):
+                t = time.perf_counter()
+                env.render()
+                t_ours += time.perf_counter() - t
+                if i % DEFAULT_RENDER_SHARE == 0:
+                    t = time.perf_counter()
+                    r.update_scene(u.data, camera)
+                    r.render()
+                    t_default += time.perf_counter() - t
+                    n += 1
+        ours, default = frames / t_ours, n / t_default
         out.update({f"{size}px_fps": ours, f"{size}px_default_fps": default, f"{size}px_vs_default": ours / default})
         env.close()
     return out
