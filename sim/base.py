@@ -1,17 +1,22 @@
-"""Base class of the MuJoCo worlds: gymnasium plumbing shared by every task.
+"""The env plumbing every task env shares, and the base class of our own MuJoCo worlds.
 
-A world subclass supplies the MJCF model and five hooks (``_reset_world``,
-``_apply_action``, ``_state``, ``_evaluate``, ``expert_action``); this class handles
-seeding, instructions and their paraphrase split, pixel observations, rendering, time
-limits and input checks. Rewards are a weighted sum of named terms in [0, 1] (weights
-sum to 1, so the reward is in [0, 1]); the terms are returned in ``info["reward_terms"]``.
-Episodes terminate on success and are truncated at ``max_episode_steps``.
+``BaseEnv`` implements the part of the env protocol (``embodied.core.env``) that does not
+depend on where the physics comes from: argument checks, instructions (their paraphrase
+split, the seeded draw and the filling-in of fields), action checks, observation dicts and
+spaces, pixel observations and rendering, and freeing GL contexts before MuJoCo's exit
+hook runs. A subclass builds the model (``_build``) and steps it.
+
+``TaskEnv`` is the base of the worlds defined here: a subclass supplies the MJCF model and
+five hooks (``_reset_world``, ``_apply_action``, ``_state``, ``_evaluate``,
+``expert_action``). Rewards are a weighted sum of named terms in [0, 1] (weights sum to 1,
+so the reward is in [0, 1]); the terms are returned in ``info["reward_terms"]``. Episodes
+terminate on success and are truncated at ``max_episode_steps``. Adapters of external
+suites (``sim.metaworld.world.MetaWorldEnv``) derive from ``BaseEnv`` directly.
 """
 
 from __future__ import annotations
 
 import atexit
-import string
 import weakref
 from typing import Any
 
@@ -22,11 +27,13 @@ import numpy as np
 from embodied.core.errors import InvalidActionError
 from embodied.core.registry import TaskSpec, get_task
 from embodied.core.specs import ActionSpec, ObservationSpec
+from sim.instructions import INSTRUCTION_CHARSET, MAX_INSTRUCTION_CHARS
 from sim.render import make_renderer
 
-INSTRUCTION_CHARSET = string.ascii_letters + string.digits + " .,;:'!?-()/"
 OBS_MODES = ("state", "pixels", "state+pixels")
-_LIVE_ENVS: "weakref.WeakSet[TaskEnv]" = weakref.WeakSet()
+_LIVE_ENVS: "weakref.WeakSet[BaseEnv]" = weakref.WeakSet()  # envs holding a GL context
+
+__all__ = ["BaseEnv", "INSTRUCTION_CHARSET", "OBS_MODES", "TaskEnv", "check_env_args"]
 
 
 def _close_renderers() -> None:
@@ -48,8 +55,8 @@ def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_
         raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
 
 
-class TaskEnv(gym.Env):
-    """A language-conditioned MuJoCo task.
+class BaseEnv(gym.Env):
+    """A language-conditioned task env over a MuJoCo model (the env protocol's shared part).
 
     Args:
         task: registered task name.
@@ -63,16 +70,20 @@ class TaskEnv(gym.Env):
         render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns (S, S, 3) uint8).
         render_size: side of ``render()`` frames.
         max_episode_steps: override the task's time limit.
+
+    Raises:
+        ValueError: an argument out of range, an unknown camera or instruction split.
+        UnknownNameError: an unregistered task.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
     # Subclasses set these.
-    xml: str = ""
-    n_substeps: int = 10
     action_names: tuple[str, ...] = ()
     default_cameras: tuple[str, ...] = ()
-    render_camera: str = ""
+    render_camera: str = ""  # default: the first of default_cameras
     proprio_dims: int = 0  # leading state entries kept in pixel mode
+    n_substeps: int = 1  # mj_step calls per control step
+    native_env: Any = None  # an adapter's wrapped env (see embodied.core.env)
 
     def __init__(
         self,
@@ -96,28 +107,27 @@ class TaskEnv(gym.Env):
         self.instruction_split = "custom" if instructions else instruction_split
         self.max_episode_steps = int(max_episode_steps or self.spec_task.max_episode_steps)
 
-        self.model = mujoco.MjModel.from_xml_string(self.xml)
-        self.data = mujoco.MjData(self.model)
+        self.model, self.data = self._build()
         cams = tuple(cameras) if cameras else self.default_cameras[:1]
         valid = [self.model.camera(i).name for i in range(self.model.ncam)]
         bad = [c for c in cams if c not in valid]
         if bad:
-            raise ValueError(f"unknown camera(s) {bad}; this world has {valid}")
+            raise ValueError(f"unknown camera(s) {bad} for task {self.spec_task.name!r}; its cameras: {valid}")
         self.cameras = cams if obs_mode != "state" else ()
+        self.render_camera = self.render_camera or self.default_cameras[0]
         self._renderers: dict[int, Any] = {}
+        self._rotated: frozenset[str] = frozenset()  # cameras whose frames are turned 180 degrees
 
         self._step_count = 0
         self.instruction = ""
         self.params: dict[str, Any] = {}
         self._setup()
-        state_dim = len(self._state())
-        if obs_mode == "pixels":
-            state_dim = self.proprio_dims
+        state_dim = self.proprio_dims if obs_mode == "pixels" else len(self._state())
         self.observation_spec = ObservationSpec(state_dim, self.cameras, self.image_size if self.cameras else 0)
         self.action_spec = ActionSpec(len(self.action_names), -1.0, 1.0, self.action_names)
         spaces: dict[str, gym.Space] = {
             "state": gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32),
-            "instruction": gym.spaces.Text(256, charset=INSTRUCTION_CHARSET),
+            "instruction": gym.spaces.Text(MAX_INSTRUCTION_CHARS, charset=INSTRUCTION_CHARSET),
         }
         img = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
         if self.cameras:
@@ -128,53 +138,47 @@ class TaskEnv(gym.Env):
         self.action_space = gym.spaces.Box(-1.0, 1.0, (len(self.action_names),), np.float32)
 
     # ----------------------------------------------------------------- hooks
+    def _build(self) -> tuple[Any, Any]:
+        """Build the simulation; return its ``(mujoco.MjModel, mujoco.MjData)``."""
+        raise NotImplementedError
+
     def _setup(self) -> None:
         """Cache ids and addresses after the model is built."""
 
-    def _reset_world(self, rng: np.random.Generator) -> dict[str, Any]:
-        """Randomise the initial state; return the episode's parameters (e.g. colour)."""
-        raise NotImplementedError
-
-    def _apply_action(self, action: np.ndarray) -> None:
-        """Write controls for one control step from an action in [-1, 1]."""
-        raise NotImplementedError
-
     def _state(self) -> np.ndarray:
         """The state vector (Ds,) float32."""
-        raise NotImplementedError
-
-    def _evaluate(self) -> tuple[bool, dict[str, float], dict[str, float]]:
-        """Return (success, reward terms in [0, 1], weights summing to 1)."""
         raise NotImplementedError
 
     def expert_action(self) -> np.ndarray:
         """The scripted expert's action (Da,) for the current state."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------- gymnasium
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
-        mujoco.mj_resetData(self.model, self.data)
-        self.params = self._reset_world(self.np_random)
-        mujoco.mj_forward(self.model, self.data)
-        self._step_count = 0
+    # ---------------------------------------------------------- instructions
+    def _draw_instruction(self, options: dict[str, Any] | None) -> None:
+        """Set ``instruction`` for a new episode: the template in ``options["instruction"]``,
+        else one of the split's, drawn from ``np_random`` (after the episode's parameters)."""
         options = options or {}
         if "instruction" in options:
             template = str(options["instruction"])
         else:
             template = self._templates[int(self.np_random.integers(len(self._templates)))]
         self.instruction = self.format_instruction(template)
-        success, terms, _ = self._evaluate()
-        return self._obs(), {"success": success, "reward_terms": terms, "params": dict(self.params)}
 
     def format_instruction(self, template: str) -> str:
+        """``template`` with the episode's fields (``params``) filled in."""
         try:
             return template.format(**self.params)
         except (KeyError, IndexError) as e:
             raise ValueError(f"instruction {template!r} uses field {e} that task "
                              f"{self.spec_task.name!r} does not have; fields: {sorted(self.params)}") from None
 
-    def step(self, action: np.ndarray):
+    # --------------------------------------------------------------- actions
+    def _checked_action(self, action: np.ndarray) -> np.ndarray:
+        """``action`` as float32 (Da,), clipped to [-1, 1].
+
+        Raises:
+            InvalidActionError: a wrong shape, or NaN/inf values (nothing is stepped).
+        """
         a = np.asarray(action, dtype=np.float32)
         if a.shape != self.action_space.shape:
             raise InvalidActionError(f"action must have shape {self.action_space.shape} "
@@ -184,15 +188,9 @@ class TaskEnv(gym.Env):
             if not np.isfinite(a).all():
                 raise InvalidActionError(f"action contains NaN or inf: {a}; refusing to step")
             a = np.minimum(np.maximum(a, -1.0), 1.0)  # out-of-range values are clipped (documented)
-        self._apply_action(a)
-        mujoco.mj_step(self.model, self.data, nstep=self.n_substeps)
-        self._step_count += 1
-        success, terms, weights = self._evaluate()
-        reward = sum(weights[k] * terms[k] for k in weights)
-        truncated = self._step_count >= self.max_episode_steps
-        info = {"success": success, "reward_terms": terms}
-        return self._obs(), float(reward), success, truncated, info
+        return a
 
+    # ---------------------------------------------------------- observations
     def _obs(self) -> dict[str, Any]:
         state = self._state()
         if self.obs_mode == "pixels":
@@ -205,6 +203,15 @@ class TaskEnv(gym.Env):
                 obs["images"] = imgs
         return obs
 
+    def privileged_state(self) -> np.ndarray:
+        """The full state vector (the ``obs_mode="state"`` layout), whatever the observation mode.
+
+        Pixel datasets record it beside the images as ``privileged_state`` so that a pixel
+        policy can learn to locate objects from an auxiliary loss; a policy never sees it.
+        """
+        return np.array(self._state(), dtype=np.float32)
+
+    # ------------------------------------------------------------- rendering
     def _render(self, camera: str, size: int) -> np.ndarray:
         r = self._renderers.get(size)
         if r is None:
@@ -214,26 +221,70 @@ class TaskEnv(gym.Env):
                 atexit.register(_close_renderers)
             _LIVE_ENVS.add(self)
         r.update_scene(self.data, camera)
-        return r.render()
+        img = r.render()
+        return np.ascontiguousarray(img[::-1, ::-1]) if camera in self._rotated else img
 
     def render(self) -> np.ndarray | None:
         if self.render_mode != "rgb_array":
             return None
-        return self._render(self.render_camera or self.default_cameras[0], self.render_size)
+        return self._render(self.render_camera, self.render_size)
 
     def close(self) -> None:
         for r in self._renderers.values():
             r.close()
         self._renderers.clear()
 
+
+class TaskEnv(BaseEnv):
+    """A language-conditioned MuJoCo task defined here: an MJCF model and five hooks.
+
+    Arguments as ``BaseEnv``. Each control step writes the controls (``_apply_action``) and
+    advances the physics by ``n_substeps`` calls of ``mujoco.mj_step``.
+    """
+
+    # Subclasses set these (and BaseEnv's action_names, default_cameras, ...).
+    xml: str = ""
+    n_substeps: int = 10
+
+    def _build(self) -> tuple[Any, Any]:
+        model = mujoco.MjModel.from_xml_string(self.xml)
+        return model, mujoco.MjData(model)
+
+    # ----------------------------------------------------------------- hooks
+    def _reset_world(self, rng: np.random.Generator) -> dict[str, Any]:
+        """Randomise the initial state; return the episode's parameters (e.g. colour)."""
+        raise NotImplementedError
+
+    def _apply_action(self, action: np.ndarray) -> None:
+        """Write controls for one control step from an action in [-1, 1]."""
+        raise NotImplementedError
+
+    def _evaluate(self) -> tuple[bool, dict[str, float], dict[str, float]]:
+        """Return (success, reward terms in [0, 1], weights summing to 1)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- gymnasium
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        mujoco.mj_resetData(self.model, self.data)
+        self.params = self._reset_world(self.np_random)
+        mujoco.mj_forward(self.model, self.data)
+        self._step_count = 0
+        self._draw_instruction(options)
+        success, terms, _ = self._evaluate()
+        return self._obs(), {"success": success, "reward_terms": terms, "params": dict(self.params)}
+
+    def step(self, action: np.ndarray):
+        a = self._checked_action(action)
+        self._apply_action(a)
+        mujoco.mj_step(self.model, self.data, nstep=self.n_substeps)
+        self._step_count += 1
+        success, terms, weights = self._evaluate()
+        reward = sum(weights[k] * terms[k] for k in weights)
+        truncated = self._step_count >= self.max_episode_steps
+        info = {"success": success, "reward_terms": terms}
+        return self._obs(), float(reward), success, truncated, info
+
     @property
     def success(self) -> bool:
         return self._evaluate()[0]
-
-    def privileged_state(self) -> np.ndarray:
-        """The full state vector (the ``obs_mode="state"`` layout), whatever the observation mode.
-
-        Pixel datasets record it beside the images as ``privileged_state`` so that a pixel
-        policy can learn to locate objects from an auxiliary loss; a policy never sees it.
-        """
-        return np.array(self._state(), dtype=np.float32)

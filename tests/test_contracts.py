@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
 import embodied
+from embodied.core.env import EmbodiedEnv
 from embodied.core.errors import InvalidActionError, UnknownNameError
 from embodied.core.registry import get_task
 
@@ -28,18 +33,39 @@ def test_check_env_state_and_pixels(task):
         env.close()
 
 
-def _metaworld_tasks() -> list[str]:
-    try:
-        return embodied.list_tasks("metaworld-mt50")
-    except Exception:  # metaworld plugin unavailable
-        return []
+# Meta-World is a hard dependency: a plugin that fails to import fails collection here,
+# instead of leaving an empty parameter list that silently drops these tests.
+METAWORLD_TASKS = embodied.list_tasks("metaworld-mt50")
 
 
-@pytest.mark.parametrize("task", _metaworld_tasks())
+def test_metaworld_suite_registered():
+    assert len(METAWORLD_TASKS) == 50 and "metaworld-mt10" in embodied.list_suites()
+
+
+@pytest.mark.parametrize("task", METAWORLD_TASKS)
 def test_check_env_metaworld(task):
-    pytest.importorskip("metaworld")
     env = embodied.make_env(task)
     check_env(env, skip_render_check=True)
+    env.close()
+
+
+@pytest.mark.parametrize("task", TASKS + METAWORLD_TASKS)
+def test_env_protocol(task):
+    """What embodied.core.env documents: the members, the info keys, the physics step."""
+    import mujoco
+
+    env = embodied.make_env(task)
+    u = env.unwrapped
+    _, info = env.reset(seed=0)
+    assert isinstance(u, EmbodiedEnv)
+    assert set(info) == {"success", "reward_terms", "params"} and isinstance(info["params"], dict)
+    assert isinstance(u.model, mujoco.MjModel) and isinstance(u.data, mujoco.MjData)
+    assert isinstance(u.n_substeps, int) and u.n_substeps >= 1
+    assert (u.native_env is not None) == (task in METAWORLD_TASKS)
+    t0 = u.data.time
+    _, _, _, _, info = env.step(np.zeros(env.action_space.shape, np.float32))
+    assert set(info) == {"success", "reward_terms"}
+    assert u.data.time == pytest.approx(t0 + u.n_substeps * u.model.opt.timestep)
     env.close()
 
 
@@ -186,3 +212,31 @@ def test_sim_robot_contract():
                 break
         assert robot.last_info["success"]
     assert not robot.is_connected
+
+
+# ----------------------------------------------------------------- bench
+@pytest.mark.parametrize("suite, substeps", [("manipulation", 10), ("navigation", 5)])
+def test_bench_smoke(tmp_path, suite, substeps):
+    """``embodied bench`` on our own worlds: figures beside their baselines, no native one."""
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", f"suite={suite}", "sim_steps=10",
+                        "render_frames=2", "render_sizes=[32,48]", "sections=[sim,render,experts]",
+                        "expert_episodes=1", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    tasks = embodied.list_tasks(suite)
+    assert list(m["sim"]["per_task"]) == tasks == list(m["experts"]["per_task"])
+    for task, p in m["sim"]["per_task"].items():
+        assert p["substeps"] == substeps and p["replay_max_abs_qpos_diff"] == 0.0, task
+        assert p["env_vs_raw"] == pytest.approx(p["env_steps_per_s"] / p["raw_steps_per_s"])
+        assert "native_steps_per_s" not in p
+    assert "mean_env_vs_native" not in m["sim"] and m["sim"]["mean_env_vs_raw"] > 0
+    assert set(m["render"]) == {f"{s}px_{k}" for s in (32, 48) for k in ("fps", "default_fps", "vs_default")}
+    for task, p in m["experts"]["per_task"].items():
+        assert p["steps"] == get_task(task).max_episode_steps and 0.0 <= p["success_rate"] <= 1.0
+        assert "native_same_layouts_success_rate" not in p
+
+
+def test_bench_bad_config(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", "sections=[sim,speed]",
+                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "sections" in r.stderr and "'speed'" in r.stderr and "experts" in r.stderr

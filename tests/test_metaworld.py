@@ -2,23 +2,22 @@
 
 import sim  # noqa: F401  (configures headless GL before mujoco is imported)
 
+import json
 import re
 import subprocess
 import sys
 import warnings
 
+import metaworld  # noqa: F401  (a hard dependency: missing, this module fails loudly, never skips)
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
 
-pytest.importorskip("metaworld")
-
-from gymnasium.utils.env_checker import check_env  # noqa: E402
-
-from embodied.core.errors import InvalidActionError  # noqa: E402
-from embodied.core.registry import get_suite, get_task, list_tasks, make_env  # noqa: E402
-from sim.base import INSTRUCTION_CHARSET  # noqa: E402
-from sim.metaworld.instructions import INSTRUCTIONS  # noqa: E402
-from sim.metaworld.tasks import ALL_TASKS, MT10, MT50  # noqa: E402
+from embodied.core.errors import InvalidActionError
+from embodied.core.registry import get_suite, get_task, list_tasks, make_env
+from sim.base import INSTRUCTION_CHARSET
+from sim.metaworld import INSTRUCTIONS  # task -> Paraphrases, from instructions.yaml
+from sim.metaworld.tasks import ALL_TASKS, MT10, MT50
 
 
 def test_static_lists_match_the_package():
@@ -63,16 +62,17 @@ switch thread transport unmount upright wide wield without work yank""".split())
 
 def test_training_wordings_never_use_heldout_only_words():
     leaks = {(task, s): sorted(set(re.findall(r"[a-z]+", s.lower())) & HELDOUT_ONLY_WORDS)
-             for task, (train, _) in INSTRUCTIONS.items() for s in train}
+             for task, words in INSTRUCTIONS.items() for s in words.train}
     leaks = {k: v for k, v in leaks.items() if v}
     assert not leaks, f"training wordings use held-out-only words: {leaks}"
-    heldout_words = {w for _, held in INSTRUCTIONS.values() for s in held for w in re.findall(r"[a-z]+", s.lower())}
+    heldout_words = {w for words in INSTRUCTIONS.values() for s in words.heldout
+                     for w in re.findall(r"[a-z]+", s.lower())}
     assert HELDOUT_ONLY_WORDS <= heldout_words  # the list names words of the held-out split
 
 
 @pytest.mark.parametrize("task", ALL_TASKS)
 def test_instruction_split(task):
-    train, heldout = INSTRUCTIONS[task]
+    train, heldout = INSTRUCTIONS[task].train, INSTRUCTIONS[task].heldout
     assert len(set(train)) >= 5 and len(set(heldout)) >= 3
     assert not set(train) & set(heldout)
     assert all(set(s) <= set(INSTRUCTION_CHARSET) and len(s) <= 256 for s in train + heldout)
@@ -86,7 +86,7 @@ def test_contract_every_task(task):
     u = env.unwrapped
     obs, info = env.reset(seed=3)
     assert obs["state"].dtype == np.float32 and obs["state"].shape == (39,) and np.isfinite(obs["state"]).all()
-    assert obs["instruction"] in INSTRUCTIONS[task][0] and not info["success"]
+    assert obs["instruction"] in INSTRUCTIONS[task].train and not info["success"]
     assert u.observation_spec.state_dim == 39 and u.action_spec.dim == 4 and u.max_episode_steps == 200
     for _ in range(5):
         a = u.expert_action()
@@ -100,7 +100,7 @@ def test_contract_every_task(task):
 def test_heldout_env_uses_heldout_wording():
     env = make_env("door-open-v3", instruction_split="heldout")
     seen = {env.reset(seed=s)[0]["instruction"] for s in range(10)}
-    assert seen <= set(INSTRUCTIONS["door-open-v3"][1]) and len(seen) > 1
+    assert seen <= set(INSTRUCTIONS["door-open-v3"].heldout) and len(seen) > 1
 
 
 @pytest.mark.parametrize("task", ["reach-v3", "pick-place-v3"])
@@ -238,3 +238,37 @@ def test_rollout_with_expert():
     res = run_episodes(lambda: make_env("reach-v3", max_episode_steps=100), seeds=[0, 1, 2], policy="expert",
                        num_envs=2)
     assert [r.seed for r in res] == [0, 1, 2] and all(r.success for r in res)
+
+
+def test_bench_metaworld_mt10_smoke(tmp_path):
+    """``embodied bench`` on MT10: each figure beside its baseline, a baseline that replays the
+    very same episodes, and Meta-World's own env and expert as the adapter's baselines."""
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", "suite=metaworld-mt10", "sim_steps=10",
+                        "render_frames=2", "render_sizes=[32]", "sections=[sim,render,experts]", "expert_episodes=1",
+                        "expert_steps=20", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["suite"] == "metaworld-mt10" and m["tasks"] == list(MT10)
+    assert list(m["sim"]["per_task"]) == list(MT10)
+    for task, p in m["sim"]["per_task"].items():
+        assert p["substeps"] == 5, task
+        assert p["replay_max_abs_qpos_diff"] == 0.0, f"{task}: the mj_step baseline simulated other episodes"
+        assert p["env_vs_raw"] == pytest.approx(p["env_steps_per_s"] / p["raw_steps_per_s"])
+        assert p["env_vs_native"] == pytest.approx(p["env_steps_per_s"] / p["native_steps_per_s"])
+    assert {"mean_env_steps_per_s", "mean_env_vs_raw", "mean_env_vs_native"} <= set(m["sim"])
+    assert set(m["render"]) == {"32px_fps", "32px_default_fps", "32px_vs_default"}
+    assert m["render"]["32px_fps"] > 0 and m["render"]["32px_default_fps"] > 0
+    for task, p in m["experts"]["per_task"].items():
+        assert p["steps"] == 20 and p["episodes"] == 1 and 0 <= p["episodes_agree"] <= 1, task
+        for k in ("success_rate", "native_same_layouts_success_rate", "native_benchmark_success_rate"):
+            assert 0.0 <= p[k] <= 1.0, (task, k)
+
+
+def test_bench_experts_paired_with_metaworld():
+    """The adapter's expert episodes and Meta-World's own on the same layouts agree."""
+    from embodied.runtime.bench import bench_experts
+
+    p = bench_experts("reach-v3", episodes=3, seed=0)
+    assert p["steps"] == 200 and p["success_rate"] == 1.0
+    assert p["native_same_layouts_success_rate"] == 1.0 and p["episodes_agree"] == 3
+    assert p["native_benchmark_success_rate"] >= 2 / 3

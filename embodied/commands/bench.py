@@ -1,4 +1,4 @@
-"""``embodied bench``: simulation, rendering and policy speed (see ``embodied.runtime.bench``)."""
+"""``embodied bench``: simulation, rendering, expert and policy figures (see ``embodied.runtime.bench``)."""
 
 from __future__ import annotations
 

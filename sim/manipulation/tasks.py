@@ -1,9 +1,9 @@
 """The eight manipulation tasks: parameters, success, shaped reward terms, scripted expert.
 
 Each task is registered (in ``sim/manipulation/__init__.py``) from the ``TASKS`` table
-below, next to its instructions. Reward terms are in [0, 1]; their weights sum to 1.
-Experts are small state machines over the state vector (see ``world.py`` for its
-layout); their memory lives in a dict the env clears on reset.
+below, with its wordings from ``instructions.yaml`` beside this file. Reward terms are in
+[0, 1]; their weights sum to 1. Experts are small state machines over the state vector
+(see ``state.py`` for its layout); their memory lives in a dict the env clears on reset.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sim.manipulation.scene import BLOCK_COLORS, BUTTON_COLORS, BLOCK_HALF
-from sim.manipulation.world import STEP_M, block_index, button_index
+from sim.manipulation.state import STEP_M, block_index, button_index
 
 OPEN, CLOSE = -1.0, 1.0
 HALF_OPEN = 0.33  # each finger 1.5 cm from the centre line
@@ -85,8 +85,6 @@ class Task:
 
     name: str
     description: str
-    train: tuple[str, ...]
-    heldout: tuple[str, ...]
     weights: dict[str, float]
     max_steps: int = 100
     sample_fn: Callable[[np.random.Generator], dict[str, Any]] = field(default=lambda rng: {})
@@ -290,108 +288,18 @@ class PressButton(Task):
         return goto(s, c + [0, 0, 0.0], CLOSE)
 
 
+# Instructions are data: sim/manipulation/instructions.yaml holds each task's wordings.
 TASKS: dict[str, Task] = {t.name: t for t in [
-    Reach("reach", "move the gripper above a block of a given colour",
-          ("move the gripper above the {color} block", "reach toward the {color} block",
-           "hover over the {color} block", "go to the {color} block", "put the gripper over the {color} cube",
-           "move above the {color} cube", "place your gripper above the {color} block", "hold the gripper over the {color} block",
-           "get above the {color} block", "center the gripper over the {color} cube",
-           "move over the {color} block and stay there", "can you hover above the {color} cube",
-           "put the gripper right above the {color} block", "go hover over the {color} cube",
-           "place the gripper over the {color} block without touching it", "approach the {color} block from above",
-           "send the gripper above the {color} cube", "float the gripper over the {color} block",
-           "please move the gripper to just above the {color} cube", "go above the {color} block"),
-          ("position the end effector directly above the {color} cube", "bring your hand over the {color} block",
-           "reach the {color} cube"),
-          {"reach": 1.0}, 60, _block_color),
-    Push("push", "push a block onto the yellow zone without lifting it",
-         ("push the {color} block onto the yellow zone", "slide the {color} block to the yellow target",
-          "shove the {color} cube into the yellow area", "push the {color} cube to the yellow square",
-          "move the {color} block onto the yellow patch by pushing it",
-          "push the {color} block into the yellow zone", "slide the {color} cube onto the yellow area",
-          "drive the {color} block onto the yellow square", "push the {color} block over to the yellow target",
-          "shift the {color} cube onto the yellow zone by pushing",
-          "please push the {color} cube onto the yellow square", "shove the {color} block onto the yellow target",
-          "move the {color} cube to the yellow area, pushing it along the table",
-          "push the {color} block so it ends up on the yellow patch", "can you slide the {color} block to the yellow zone",
-          "drive the {color} cube into the yellow target", "push the {color} cube over onto the yellow area",
-          "sweep the {color} block onto the yellow zone",
-          "keep the {color} block on the table and push it to the yellow square",
-          "use the gripper to push the {color} cube onto the yellow zone"),
-         ("nudge the {color} block over to the yellow region", "get the {color} cube onto the yellow mark without lifting it",
-          "slide the {color} cube until it sits on the yellow zone"),
-         {"reach": 0.3, "place": 0.7}, 120, _block_color),
-    Pick("pick", "pick up a block and lift it 8 cm",
-         ("pick up the {color} block", "lift the {color} block", "grab the {color} cube and raise it",
-          "pick the {color} cube up", "grasp the {color} block and lift it off the table",
-          "lift up the {color} cube", "pick up the {color} cube", "grab the {color} block and lift it",
-          "raise the {color} block off the table", "grasp the {color} cube and pick it up",
-          "please pick up the {color} cube", "grab the {color} block and lift it up high", "lift the {color} cube off the table",
-          "can you pick the {color} block up", "grasp the {color} cube and raise it", "pick the {color} block up off the table",
-          "get the {color} block up off the table", "grip the {color} cube and lift it", "lift the {color} block up",
-          "seize the {color} block and lift it"),
-         ("raise the {color} cube into the air", "take the {color} block and hold it up", "hoist the {color} block"),
-         {"reach": 0.3, "grasp": 0.2, "lift": 0.5}, 80, _block_color),
+    Reach("reach", "move the gripper above a block of a given colour", {"reach": 1.0}, 60, _block_color),
+    Push("push", "push a block onto the yellow zone without lifting it", {"reach": 0.3, "place": 0.7}, 120,
+         _block_color),
+    Pick("pick", "pick up a block and lift it 8 cm", {"reach": 0.3, "grasp": 0.2, "lift": 0.5}, 80, _block_color),
     PlaceInBin("place-in-bin", "put a block into the bin and let go",
-               ("put the {color} block in the bin", "place the {color} cube into the container",
-                "drop the {color} block into the bin", "move the {color} block into the box",
-                "put the {color} cube inside the bin",
-                "place the {color} block in the container", "drop the {color} cube in the bin",
-                "put the {color} block into the container", "move the {color} cube into the bin",
-                "place the {color} cube inside the box",
-                "please put the {color} cube in the bin", "drop the {color} block inside the container",
-                "place the {color} block into the bin", "can you move the {color} cube into the container",
-                "put the {color} block inside the box", "pick up the {color} cube and drop it in the bin",
-                "get the {color} block into the bin", "carry the {color} cube to the bin and let go",
-                "move the {color} block to the box and release it", "drop the {color} cube into the box"),
-               ("deposit the {color} cube in the container", "store the {color} block in the bin",
-                "toss the {color} block into the box"),
                {"reach": 0.2, "grasp": 0.1, "place": 0.4, "inside": 0.3}, 120, _block_color),
     Stack("stack", "stack one block on another and let go",
-          ("stack the {color} block on the {base} block", "put the {color} block on top of the {base} block",
-           "place the {color} cube onto the {base} cube", "set the {color} block on the {base} one",
-           "stack the {color} cube on top of the {base} cube",
-           "put the {color} cube on the {base} cube", "place the {color} block on top of the {base} one",
-           "set the {color} cube on top of the {base} block", "stack {color} on {base}",
-           "put the {color} block onto the {base} block",
-           "please stack the {color} block on the {base} block", "put the {color} cube on top of the {base} one",
-           "place the {color} block on the {base} cube", "stack the {color} cube onto the {base} block",
-           "move the {color} block onto the {base} block", "can you set the {color} block on top of the {base} cube",
-           "pick up the {color} block and put it on the {base} block", "the {color} cube goes on top of the {base} cube",
-           "drop the {color} block onto the {base} one", "place the {color} cube above the {base} block and let go"),
-          ("build a tower with the {color} block above the {base} block", "lay the {color} cube on the {base} block",
-           "rest the {color} block on top of the {base} cube"),
           {"reach": 0.2, "grasp": 0.1, "align": 0.4, "stacked": 0.3}, 120, _two_blocks),
-    OpenDrawer("open-drawer", "pull the drawer open (over 16 cm)",
-               ("open the drawer", "pull the drawer open", "slide the drawer out", "open the drawer all the way",
-                "pull out the drawer",
-                "open the drawer please", "pull the drawer out", "slide the drawer open", "pull the drawer toward you",
-                "open up the drawer",
-                "please open the drawer", "can you open the drawer", "pull the drawer all the way out",
-                "slide out the drawer", "pull open the drawer", "yank the drawer open", "open that drawer",
-                "drag the drawer out", "slide the drawer all the way out", "pull the handle to open the drawer"),
-               ("draw the drawer open", "get the drawer open", "extend the drawer fully"),
-               {"reach": 0.3, "open": 0.7}, 100),
-    CloseDrawer("close-drawer", "push the drawer shut",
-                ("close the drawer", "push the drawer shut", "slide the drawer closed", "shut the drawer",
-                 "push the drawer in",
-                "close the drawer please", "slide the drawer shut", "push the drawer closed", "close up the drawer",
-                "push in the drawer",
-                "please close the drawer", "can you shut the drawer", "slide the drawer in",
-                "push the drawer all the way in", "shut that drawer", "close that drawer",
-                "push the handle to close the drawer", "slide in the drawer", "push the drawer until it is shut",
-                "close the open drawer"),
-                ("close the drawer completely", "push the drawer back in", "make sure the drawer is closed"),
-                {"reach": 0.3, "close": 0.7}, 80),
-    PressButton("press-button", "press the button of a given colour",
-                ("press the {color} button", "push the {color} button", "hit the {color} button",
-                 "push down on the {color} button", "press down the {color} button",
-                "press the {color} button down", "hit the {color} button with the gripper", "push on the {color} button",
-                "press on the {color} button", "click the {color} button",
-                "please press the {color} button", "can you push the {color} button",
-                "press the {color} button with the gripper", "push down the {color} button", "hit the {color} button down",
-                "press down on the {color} button", "smash the {color} button", "poke the {color} button",
-                "punch the {color} button", "give the {color} button a push"),
-                ("tap the {color} button", "depress the {color} button", "activate the {color} button"),
-                {"reach": 0.3, "press": 0.7}, 60, _button_color),
+    OpenDrawer("open-drawer", "pull the drawer open (over 16 cm)", {"reach": 0.3, "open": 0.7}, 100),
+    CloseDrawer("close-drawer", "push the drawer shut", {"reach": 0.3, "close": 0.7}, 80),
+    PressButton("press-button", "press the button of a given colour", {"reach": 0.3, "press": 0.7}, 60,
+                _button_color),
 ]}

@@ -4,29 +4,21 @@ Action (4,) in [-1, 1]: end-effector displacement (dx, dy, dz) scaled by 2 cm pe
 control step (20 Hz, so up to 0.4 m/s), and the gripper command g (-1 fully open,
 +1 fully closed; each finger's target gap is 4.5 cm * (1 - g) / 2).
 
-State (27,) float32, metres, the same layout for every task:
-    0:3   end-effector position (x, y, z)
-    3     finger opening (sum of both fingers' gaps)
-    4:13  red, green, blue block positions (x, y, z each)
-    13:15 bin centre (x, y)
-    15:17 yellow zone centre (x, y)
-    17    drawer opening (0 closed .. 0.2 fully open)
-    18:21 drawer handle position
-    21:27 red, blue button cap positions (z drops when pressed)
-Pixel mode keeps the first 4 entries (proprioception) and adds camera images.
+State (27,) float32, metres, the same layout for every task (see ``state.py``): gripper
+position and opening, the three blocks, bin, zone, drawer and buttons. Pixel mode keeps
+the first 4 entries (proprioception) and adds camera images.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import mujoco
 import numpy as np
 
 from sim.base import TaskEnv
 from sim.manipulation.scene import BLOCK_COLORS, BUTTON_COLORS, FINGER_MAX, SCENE_XML
-
-STEP_M = 0.02  # metres per unit action per control step
+from sim.manipulation.state import PROPRIO_DIMS, STATE_DIM, STEP_M
+from sim.manipulation.tasks import TASKS
 WORKSPACE_LOW = np.array([-0.35, -0.3, 0.012])
 WORKSPACE_HIGH = np.array([0.35, 0.35, 0.3])
 CABINET_Y = 0.3
@@ -41,12 +33,10 @@ class ManipulationEnv(TaskEnv):
     action_names = ("dx", "dy", "dz", "gripper")
     default_cameras = ("side", "front", "top")  # side first: sees all three blocks unoccluded
     render_camera = "front"
-    proprio_dims = 4
+    proprio_dims = PROPRIO_DIMS
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
 
     def _setup(self) -> None:
-        from sim.manipulation.tasks import TASKS
-
         m = self.model
         self.task = TASKS[self.spec_task.name]
         jq = lambda name: int(m.jnt_qposadr[m.joint(name).id])  # noqa: E731
@@ -66,7 +56,7 @@ class ManipulationEnv(TaskEnv):
         self._dyn_src = np.concatenate([self._ee_q] + [np.arange(self._block_q[c], self._block_q[c] + 3)
                                                        for c in BLOCK_COLORS] + [[self._drawer_q]])
         self._dyn_dst = np.concatenate([np.arange(0, 3), np.arange(4, 13), [17]])
-        self._static = np.zeros(27, np.float32)
+        self._static = np.zeros(STATE_DIM, np.float32)
         self._expert_mem: dict[str, Any] = {}
         self._handle_y0 = CABINET_Y + HANDLE_OFFSET[1]
         self._button_z0 = (0.03, 0.03)
@@ -139,21 +129,3 @@ def _separated_2d(rng: np.random.Generator, n: int, xr: tuple[float, float], yr:
         if all(np.linalg.norm(p - q) >= min_gap for q in pts):
             pts.append(p)
     return np.array(pts)
-
-
-def block_index(color: str) -> slice:
-    i = list(BLOCK_COLORS).index(color)
-    return slice(4 + 3 * i, 7 + 3 * i)
-
-
-def button_index(color: str) -> slice:
-    i = list(BUTTON_COLORS).index(color)
-    return slice(21 + 3 * i, 24 + 3 * i)
-
-
-def block_velocity(env: ManipulationEnv, color: str) -> float:
-    v = env._block_v[color]
-    return float(np.linalg.norm(env.data.qvel[v:v + 3]))
-
-
-__all__ = ["ManipulationEnv", "block_index", "button_index", "block_velocity", "mujoco"]

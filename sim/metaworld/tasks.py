@@ -1,6 +1,6 @@
 """Meta-World v3 task names and benchmark lists, kept static so registration is cheap.
 
-Importing ``metaworld`` takes about a second (it builds every environment class), and the
+Importing ``metaworld`` is slow (it builds every environment class), and the
 registry imports suite plugins on look-ups of unrelated names, so these lists are copied
 here and ``tests/test_metaworld.py`` checks them against the installed package
 (``metaworld.env_dict.ALL_V3_ENVIRONMENTS``, ``MT10_V3``, ``MT50_V3`` and

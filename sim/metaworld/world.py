@@ -32,52 +32,33 @@ truncation as our other worlds can.
 
 from __future__ import annotations
 
-import atexit
 import copy
 import os
 import pickle
 import threading
 import warnings
-import weakref
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from embodied.core.errors import InvalidActionError
-from embodied.core.registry import TaskSpec, get_task
-from embodied.core.specs import ActionSpec, ObservationSpec
-from sim.base import INSTRUCTION_CHARSET, check_env_args
-from sim.render import make_renderer
+from sim.base import BaseEnv
 
 STATE_DIM = 39
 REWARD_SCALE = 10.0  # Meta-World rewards lie in [0, 10]
 _NO_STEP_LIMIT = 2**62  # replaces Meta-World's max_path_length (500), which raises when reached
-_LIVE_ENVS: "weakref.WeakSet[MetaWorldEnv]" = weakref.WeakSet()
 
 
-def _close_renderers() -> None:
-    # Free GL contexts before MuJoCo's exit hook terminates the EGL display (see sim.base).
-    for env in list(_LIVE_ENVS):
-        env.close()
-
-
-class MetaWorldEnv(gym.Env):
+class MetaWorldEnv(BaseEnv):
     """One Meta-World v3 task with our observation, instruction and episode conventions.
 
-    Args:
-        task: registered task name, a Meta-World v3 name such as ``"reach-v3"``.
-        obs_mode: ``"state"``, ``"pixels"`` (image + 4 proprioceptive entries) or
-            ``"state+pixels"``.
-        cameras: Meta-World camera names for pixel observations (default ``("corner",)``);
-            any of ``corner``, ``corner2``, ``corner3``, ``corner4``, ``topview``,
-            ``behindGripper``, ``gripperPOV``.
-        image_size: square image side in pixels for pixel observations.
-        instruction_split: ``"train"`` or ``"heldout"`` paraphrases.
-        instructions: override the task's paraphrases with your own wording.
-        render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns (S, S, 3) uint8).
-        render_size: side of ``render()`` frames.
-        max_episode_steps: override the time limit (default 200 control steps).
+    Arguments as ``sim.base.BaseEnv``; here ``task`` is a Meta-World v3 name such as
+    ``"reach-v3"``, ``cameras`` are Meta-World's (default ``("corner",)``; any of
+    ``corner``, ``corner2``, ``corner3``, ``corner4``, ``topview``, ``behindGripper``,
+    ``gripperPOV``), ``"pixels"`` keeps 4 proprioceptive state entries, and the default
+    time limit is 200 control steps.
+
+    Attributes:
+        mw: the wrapped Meta-World env (also ``native_env``, see ``embodied.core.env``).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
@@ -86,65 +67,31 @@ class MetaWorldEnv(gym.Env):
     render_camera = "corner"
     proprio_dims = 4
 
-    def __init__(
-        self,
-        task: str,
-        obs_mode: str = "state",
-        cameras: list[str] | tuple[str, ...] | None = None,
-        image_size: int = 64,
-        instruction_split: str = "train",
-        instructions: list[str] | tuple[str, ...] | str | None = None,
-        render_mode: str | None = None,
-        render_size: int = 224,
-        max_episode_steps: int | None = None,
-    ):
-        self.spec_task: TaskSpec = get_task(task)
-        check_env_args(obs_mode, render_mode, image_size, max_episode_steps)
-        self.obs_mode, self.render_mode = obs_mode, render_mode
-        self.image_size, self.render_size = int(image_size), int(render_size)
-        if isinstance(instructions, str):
-            instructions = [instructions]
-        self._templates = tuple(instructions) if instructions else self.spec_task.instructions(instruction_split)
-        self.instruction_split = "custom" if instructions else instruction_split
-        self.max_episode_steps = int(max_episode_steps or self.spec_task.max_episode_steps)
-
+    def _build(self) -> tuple[Any, Any]:
         self.mw = _make_metaworld_env(self.spec_task.name)
-        self.model, self.data = self.mw.model, self.mw.data
+        return self.mw.model, self.mw.data
+
+    def _setup(self) -> None:
         from metaworld.policies import ENV_POLICY_MAP
 
         self._policy = ENV_POLICY_MAP[self.spec_task.name]()
-
-        cams = tuple(cameras) if cameras else self.default_cameras[:1]
-        valid = [self.model.camera(i).name for i in range(self.model.ncam)]
-        bad = [c for c in cams if c not in valid]
-        if bad:
-            raise ValueError(f"unknown camera(s) {bad}; Meta-World has {valid}")
-        self.cameras = cams if obs_mode != "state" else ()
         # Meta-World's corner cameras are rolled upside down (their up axis points at the
         # floor); a 180-degree rotation of the image fixes that without mirroring it.
-        self._upside_down = {c: bool(self.data.cam_xmat[self.model.camera(c).id].reshape(3, 3)[2, 1] < 0)
-                             for c in valid}
-        self._renderers: dict[int, Any] = {}
-
+        self._rotated = frozenset(self.model.camera(i).name for i in range(self.model.ncam)
+                                  if self.data.cam_xmat[i].reshape(3, 3)[2, 1] < 0)
         self._raw = np.zeros(STATE_DIM)  # Meta-World's last observation (float64), for the expert
-        self._step_count = 0
         self._success = False
-        self.instruction = ""
-        self.params: dict[str, Any] = {}
-        state_dim = self.proprio_dims if obs_mode == "pixels" else STATE_DIM
-        self.observation_spec = ObservationSpec(state_dim, self.cameras, self.image_size if self.cameras else 0)
-        self.action_spec = ActionSpec(4, -1.0, 1.0, self.action_names)
-        spaces: dict[str, gym.Space] = {
-            "state": gym.spaces.Box(-np.inf, np.inf, (state_dim,), np.float32),
-            "instruction": gym.spaces.Text(256, charset=INSTRUCTION_CHARSET),
-        }
-        img = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
-        if self.cameras:
-            spaces["image"] = img
-        if len(self.cameras) > 1:
-            spaces["images"] = gym.spaces.Dict({c: img for c in self.cameras})
-        self.observation_space = gym.spaces.Dict(spaces)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self._plain: Any = None  # (Meta-World env, its policy) for the native_* baselines, built on first use
+
+    @property
+    def n_substeps(self) -> int:  # type: ignore[override]
+        """``mujoco.mj_step`` calls per control step: Meta-World's ``frame_skip``."""
+        return int(self.mw.frame_skip)
+
+    @property
+    def native_env(self) -> Any:  # type: ignore[override]
+        """Meta-World's own env, the one ``step`` drives (its ``step`` is Meta-World's)."""
+        return self.mw
 
     # ------------------------------------------------------------- gymnasium
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -156,30 +103,12 @@ class MetaWorldEnv(gym.Env):
         self._step_count, self._success = 0, False
         self.params = {"mw_seed": mw_seed, "goal": [float(v) for v in raw[36:39]],
                        "object": [float(v) for v in raw[4:7]]}
-        options = options or {}
-        if "instruction" in options:
-            template = str(options["instruction"])
-        else:
-            template = self._templates[int(self.np_random.integers(len(self._templates)))]
-        self.instruction = self.format_instruction(template)
+        self._draw_instruction(options)
         # Meta-World judges success and reward only in step(); a fresh episode is not solved.
         return self._obs(), {"success": False, "reward_terms": {"metaworld": 0.0}, "params": dict(self.params)}
 
-    def format_instruction(self, template: str) -> str:
-        try:
-            return template.format(**self.params)
-        except (KeyError, IndexError) as e:
-            raise ValueError(f"instruction {template!r} uses field {e} that task "
-                             f"{self.spec_task.name!r} does not have; fields: {sorted(self.params)}") from None
-
     def step(self, action: np.ndarray):
-        a = np.asarray(action, dtype=np.float32)
-        if a.shape != self.action_space.shape:
-            raise InvalidActionError(f"action must have shape {self.action_space.shape} "
-                                     f"({', '.join(self.action_names)}), got {a.shape}")
-        if not np.isfinite(a).all():
-            raise InvalidActionError(f"action contains NaN or inf: {a}; refusing to step")
-        raw, reward, _, _, mw_info = self.mw.step(np.clip(a, -1.0, 1.0))  # out-of-range values are clipped
+        raw, reward, _, _, mw_info = self.mw.step(self._checked_action(action))
         self._raw = raw
         self._step_count += 1
         self._success = bool(mw_info["success"])
@@ -187,6 +116,9 @@ class MetaWorldEnv(gym.Env):
         truncated = self._step_count >= self.max_episode_steps
         info = {"success": self._success, "reward_terms": terms}
         return self._obs(), terms["metaworld"], self._success, truncated, info
+
+    def _state(self) -> np.ndarray:
+        return self._raw.astype(np.float32)
 
     def expert_action(self) -> np.ndarray:
         """Meta-World's scripted policy for this task, on the current raw observation; (4,) float32."""
@@ -200,44 +132,62 @@ class MetaWorldEnv(gym.Env):
         """Meta-World's success flag after the last step (False right after reset)."""
         return self._success
 
-    def privileged_state(self) -> np.ndarray:
-        """The full 39-d Meta-World observation, whatever the observation mode (see ``TaskEnv``)."""
-        return self._raw.astype(np.float32)
+    # ------------------------------------------- Meta-World itself, as a baseline
+    def native_expert_success(self, steps: int) -> bool:
+        """Meta-World's scripted policy run on a fresh Meta-World env of this task, on the
+        current episode's layout (its ``rand_vec``, set with ``set_task``); whether
+        ``info["success"]`` is set within ``steps`` steps. A paired check that the adapter
+        loses nothing: the same layout, nothing of ours in the loop."""
+        data = {"env_cls": type(self.mw), "rand_vec": np.array(self.mw._last_rand_vec), "partially_observable": False}
+        return self._native_expert_success([_task(self.spec_task.name, data)], steps)[0]
 
-    # ------------------------------------------------------------- rendering
-    def _obs(self) -> dict[str, Any]:
-        state = self._raw.astype(np.float32)
-        if self.obs_mode == "pixels":
-            state = state[: self.proprio_dims]
-        obs: dict[str, Any] = {"state": state, "instruction": self.instruction}
-        if self.cameras:
-            imgs = {c: self._render(c, self.image_size) for c in self.cameras}
-            obs["image"] = imgs[self.cameras[0]]
-            if len(self.cameras) > 1:
-                obs["images"] = imgs
-        return obs
+    def native_benchmark_success(self, episodes: int, steps: int, seed: int = 0) -> list[bool]:
+        """Meta-World's scripted policy on Meta-World's env, the documented way:
+        ``metaworld.MT1(task, seed)`` pre-samples 50 layouts and ``set_task`` sets each in
+        turn (seeds ``seed + 1``, ... add 50 more each when ``episodes > 50``); per-episode
+        success within ``steps`` steps. An independent sample of the layout distribution."""
+        import metaworld
 
-    def _render(self, camera: str, size: int) -> np.ndarray:
-        r = self._renderers.get(size)
-        if r is None:
-            r = self._renderers[size] = make_renderer(self.model, size, size)
-            if not _LIVE_ENVS:
-                atexit.unregister(_close_renderers)
-                atexit.register(_close_renderers)
-            _LIVE_ENVS.add(self)
-        r.update_scene(self.data, camera)
-        img = r.render()
-        return np.ascontiguousarray(img[::-1, ::-1]) if self._upside_down[camera] else img
+        tasks: list[Any] = []
+        while len(tasks) < episodes:
+            tasks += metaworld.MT1(self.spec_task.name, seed=seed + len(tasks) // 50).train_tasks
+        return self._native_expert_success(tasks[:episodes], steps)
 
-    def render(self) -> np.ndarray | None:
-        if self.render_mode != "rgb_array":
-            return None
-        return self._render(self.render_camera, self.render_size)
+    def _native_expert_success(self, tasks: list[Any], steps: int) -> list[bool]:
+        """Per-layout success of Meta-World's scripted policy on a plain Meta-World env of
+        this task (built as Meta-World builds it, once per adapter)."""
+        if self._plain is None:
+            from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+            from metaworld.policies import ENV_POLICY_MAP
+
+            self._plain = ALL_V3_ENVIRONMENTS[self.spec_task.name](), ENV_POLICY_MAP[self.spec_task.name]()
+        (env, policy), wins = self._plain, []
+        for t in tasks:
+            env.set_task(t)
+            obs, _ = env.reset()
+            won = False
+            for _ in range(min(steps, env.max_path_length)):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    action = policy.get_action(obs)
+                obs, _, _, _, info = env.step(action)
+                if info["success"]:
+                    won = True
+                    break
+            wins.append(won)
+        return wins
 
     def close(self) -> None:
-        for r in self._renderers.values():
-            r.close()
-        self._renderers.clear()
+        super().close()
+        if self._plain is not None:
+            self._plain[0].close()
+            self._plain = None
+
+
+def _task(name: str, data: dict[str, Any]) -> Any:
+    from metaworld.types import Task
+
+    return Task(env_name=name, data=pickle.dumps(data))
 
 
 _COMPILED: dict[tuple[str, int, int], Any] = {}  # (xml path, mtime, size) -> pristine MjModel
@@ -247,11 +197,11 @@ _COMPILE_LOCK = threading.Lock()
 def _initialize_from_compiled(env: Any) -> tuple[Any, Any]:
     """``MujocoEnv._initialize_simulation`` with each XML compiled once per process.
 
-    Compiling a Meta-World scene takes ~0.11 s, nearly all of building the env, and an
-    evaluation builds ``num_envs`` envs for every task and wording split (MT50 at
-    ``num_envs=10``: a minute of compiling per worker). A copy of the compiled model takes
-    ~0.014 s and is the same model, array for array; each env gets its own copy, since
-    Meta-World moves bodies in its model at reset. Otherwise as gymnasium's method.
+    Compiling a Meta-World scene is nearly all of building the env, and an evaluation
+    builds ``num_envs`` envs for every task and wording split. A copy of the compiled
+    model costs a fraction of a compile and is the same model, array for array; each env
+    gets its own copy, since Meta-World moves bodies in its model at reset. Otherwise as
+    gymnasium's method.
     """
     import mujoco
 
@@ -289,10 +239,7 @@ def _sample_layout(mw: Any, name: str, seed: int) -> Any:
     ``metaworld.MT1`` unfreezes the layout, resets and keeps ``_last_rand_vec``. We do the
     same with a seeded generator. The task's ``set_task`` freezes it again.
     """
-    from metaworld.types import Task
-
     mw.seed(seed)
     mw._freeze_rand_vec = False
     mw.reset_model()
-    data = {"env_cls": type(mw), "rand_vec": np.array(mw._last_rand_vec), "partially_observable": False}
-    return Task(env_name=name, data=pickle.dumps(data))
+    return _task(name, {"env_cls": type(mw), "rand_vec": np.array(mw._last_rand_vec), "partially_observable": False})

@@ -1,5 +1,7 @@
 """The navigation tasks: what each instruction asks for, registered next to its definition.
 
+The wordings of each task are data, in ``instructions.yaml`` beside this file.
+
 A task is a goal sampler ``(scene, start, rng) -> Goal``: it picks what the instruction
 refers to in an already sampled scene and start pose (their distribution is the same for
 every task) and returns the instruction fields plus a goal region.
@@ -10,6 +12,7 @@ turns the goal into a success predicate, a planner field (``solve``) and reward 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -17,10 +20,12 @@ import numpy as np
 from embodied.core.registry import TaskSpec, register_task
 from sim.navigation.arena import BALL_R, COLORS, HALF, ROBOT_R, ROOM_MARGIN, ROOMS, Scene, room_of, \
     wall_clearance
+from sim.instructions import load_instructions
 from sim.navigation.planner import Grid, Plan, ramp_cost
 
 SUITE = "navigation"
 ENTRY_POINT = "sim.navigation.world:NavigationEnv"
+INSTRUCTIONS = load_instructions(Path(__file__).with_name("instructions.yaml"))
 MAX_STEPS = 100  # control steps at 10 Hz: 10 s; the expert needs at most ~70 (5 s on average)
 REACH_RADIUS = 0.45  # robot centre within this of a ball centre counts as "at" it (m)
 BETWEEN_RADIUS = 0.3  # robot centre within this of the midpoint of two balls (m)
@@ -88,14 +93,17 @@ def solve(scene: Scene, goal: Goal) -> Plan:
     return Plan.solve(GRID, goal_cost(scene, goal), goal_seeds(goal))
 
 
-
-def navigation_task(name: str, train: tuple[str, ...], heldout: tuple[str, ...], description: str,
+def navigation_task(name: str, description: str,
                     max_episode_steps: int = MAX_STEPS) -> Callable[[GoalSampler], GoalSampler]:
-    """Register a task (``TaskSpec`` + gymnasium id) whose goal the decorated function samples."""
+    """Register a task (``TaskSpec`` + gymnasium id) whose goal the decorated function samples.
+
+    Its wordings are the task's entry in ``instructions.yaml`` beside this file.
+    """
 
     def add(fn: GoalSampler) -> GoalSampler:
-        register_task(TaskSpec(name=name, suite=SUITE, entry_point=ENTRY_POINT, train_instructions=train,
-                               heldout_instructions=heldout, max_episode_steps=max_episode_steps,
+        words = INSTRUCTIONS[name]
+        register_task(TaskSpec(name=name, suite=SUITE, entry_point=ENTRY_POINT, train_instructions=words.train,
+                               heldout_instructions=words.heldout, max_episode_steps=max_episode_steps,
                                description=description))
         GOALS[name] = fn
         return fn
@@ -105,15 +113,6 @@ def navigation_task(name: str, train: tuple[str, ...], heldout: tuple[str, ...],
 
 @navigation_task(
     "goto-landmark",
-    train=("go to the {color} landmark",
-           "drive to the {color} ball",
-           "navigate to the {color} marker",
-           "move next to the {color} ball",
-           "find the {color} landmark and go there",
-           "head over to the {color} ball"),
-    heldout=("make your way to the {color} sphere",
-             "reach the {color} landmark",
-             "travel until you are beside the {color} ball"),
     description="drive next to the ball of the named colour (within 0.45 m of its centre)",
 )
 def goto_landmark(scene: Scene, start: np.ndarray, rng: np.random.Generator) -> Goal:
@@ -123,15 +122,6 @@ def goto_landmark(scene: Scene, start: np.ndarray, rng: np.random.Generator) -> 
 
 @navigation_task(
     "goto-room",
-    train=("go to the {room}",
-           "drive into the {room}",
-           "navigate to the {room}",
-           "enter the {room}",
-           "head to the {room}",
-           "go into the {room} please"),
-    heldout=("make your way into the {room}",
-             "find the {room} and go inside",
-             "travel to the {room}"),
     description="enter the named room (kitchen, bedroom, office or garage; the start is elsewhere)",
 )
 def goto_room(scene: Scene, start: np.ndarray, rng: np.random.Generator) -> Goal:
@@ -142,14 +132,6 @@ def goto_room(scene: Scene, start: np.ndarray, rng: np.random.Generator) -> Goal
 
 @navigation_task(
     "goto-between",
-    train=("go to the point between the {a} and {b} landmarks",
-           "drive to the midpoint of the {a} and {b} balls",
-           "stop halfway between the {a} ball and the {b} ball",
-           "navigate to the spot between the {a} and {b} markers",
-           "move to the middle of the {a} and {b} landmarks"),
-    heldout=("position yourself between the {a} ball and the {b} ball",
-             "find the {a} and {b} balls and go to the centre between them",
-             "reach the halfway point from the {a} landmark to the {b} landmark"),
     description="drive to the midpoint of two named balls (within 0.3 m)",
 )
 def goto_between(scene: Scene, start: np.ndarray, rng: np.random.Generator) -> Goal:
@@ -162,14 +144,6 @@ def goto_between(scene: Scene, start: np.ndarray, rng: np.random.Generator) -> G
 
 @navigation_task(
     "approach-avoid",
-    train=("approach the {color} ball while staying away from the {avoid} ball",
-           "go to the {color} ball but keep clear of the {avoid} ball",
-           "drive to the {color} ball and avoid the {avoid} ball",
-           "reach the {color} ball without getting close to the {avoid} ball",
-           "navigate to the {color} ball, keeping your distance from the {avoid} ball"),
-    heldout=("move toward the {color} ball and steer clear of the {avoid} ball",
-             "get close to the {color} ball but not to the {avoid} ball",
-             "head for the {color} ball while avoiding the {avoid} ball"),
     description="reach the named ball without ever coming within 0.8 m of the other named ball",
     max_episode_steps=AVOID_MAX_STEPS,
 )
