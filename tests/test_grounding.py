@@ -153,17 +153,17 @@ def test_act_grounds_once_per_episode_and_per_new_instruction():
 def test_episode_records_say_what_the_policy_acted_on(tmp_path):
     from embodied.runtime.evaluate import evaluate, write_report
 
-    from sim.metaworld.instructions import INSTRUCTIONS
+    from sim.metaworld import INSTRUCTIONS
 
     # a wording grounded to another shows up in the records, and the summary says how often
     # it was one of the task's own training wordings
-    own = Recorder(to=INSTRUCTIONS["reach-v3"][0][0])
+    own = Recorder(to=INSTRUCTIONS["reach-v3"].train[0])
     m, res = evaluate(own, ["reach-v3"], 2, ("heldout",), num_envs=2, progress=False, env_kwargs={"max_episode_steps": 3})
     assert [r.grounded for r in res["reach-v3/heldout"]] == [own.to] * 2
-    assert all(r.instruction in INSTRUCTIONS["reach-v3"][1] for r in res["reach-v3/heldout"])
+    assert all(r.instruction in INSTRUCTIONS["reach-v3"].heldout for r in res["reach-v3/heldout"])
     h = m["per_task"]["reach-v3"]["heldout"]
     assert h["grounded_episodes"] == 2 and h["grounded_to_own_task"] == 1.0
-    other = Recorder(to=INSTRUCTIONS["push-v3"][0][0])
+    other = Recorder(to=INSTRUCTIONS["push-v3"].train[0])
     m, _ = evaluate(other, ["reach-v3"], 2, ("heldout",), num_envs=1, progress=False, env_kwargs={"max_episode_steps": 3})
     assert m["per_task"]["reach-v3"]["heldout"]["grounded_to_own_task"] == 0.0
     text = write_report(tmp_path, m).read_text()

@@ -57,7 +57,7 @@ def test_grounding_policy_matches_in_worker_processes(tmp_path):
     from embodied.core.registry import make_env
     from policies import load_trained, make_policy, save_policy
     from policies.common.grounding import GroundedPolicy, InstructionGrounding
-    from sim.metaworld.instructions import INSTRUCTIONS
+    from sim.metaworld import INSTRUCTIONS
 
     tasks = ["reach-v3", "push-v3", "door-open-v3"]
     u = make_env(tasks[0]).unwrapped
@@ -67,7 +67,7 @@ def test_grounding_policy_matches_in_worker_processes(tmp_path):
     first = {t: [make_env(t).reset(seed=s)[0]["state"] for s in range(3)] for t in tasks}
     states = np.array([s for t in tasks for s in first[t]])
     grounding = InstructionGrounding.from_demonstrations(
-        {t: INSTRUCTIONS[t][0] for t in tasks}, states, [t for t in tasks for _ in first[t]], states, k=3)
+        {t: INSTRUCTIONS[t].train for t in tasks}, states, [t for t in tasks for _ in first[t]], states, k=3)
     # one wording at a time, as a fresh worker embeds them: MiniLM's shared cache would otherwise
     # hold batch-computed vectors here, a last-bit difference from the workers'
     grounding.ensure_embeddings(lambda texts: np.concatenate([policy.sentence_vectors([t]) for t in texts]))
@@ -79,7 +79,7 @@ def test_grounding_policy_matches_in_worker_processes(tmp_path):
     assert records(r2) == records(r1)
     assert without_run_info(m2) == without_run_info(m1)
     door = r1["door-open-v3/heldout"]  # the door's scene is its own: only its wordings are candidates
-    assert all(r.grounded in INSTRUCTIONS["door-open-v3"][0] for r in door)
+    assert all(r.grounded in INSTRUCTIONS["door-open-v3"].train for r in door)
     off, _ = evaluate_sharded(PolicySource(str(tmp_path / "ck"), device="cpu", ground_instructions=False), **kw,
                               workers=2)
     assert all("grounded_episodes" not in p["heldout"] for p in off["per_task"].values())
