@@ -11,6 +11,8 @@ gymnasium's registry); each lives in its own folder with ``config.py`` and ``mod
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -49,8 +51,19 @@ def policy_class(name: str) -> type["TorchPolicy"]:
 
 
 def config_class(name: str) -> type:
-    """The config dataclass of policy ``name`` (for Hydra's ConfigStore)."""
+    """The config dataclass of policy ``name``."""
     return _resolve(POLICY_CONFIGS, name)
+
+
+@functools.cache
+def config_node(name: str) -> type:
+    """``config_class(name)`` plus a ``name`` field fixed to ``name``: the schema of Hydra's
+    ``policy/<name>`` node, so a composed config says which family its fields belong to.
+
+    Building it runs the family's ``__post_init__`` checks; ``make_config`` ignores ``name``.
+    """
+    cls = config_class(name)
+    return dataclasses.make_dataclass(cls.__name__, [("name", str, dataclasses.field(default=name))], bases=(cls,))
 
 
 def make_config(name: str, cfg: Mapping[str, Any] | Any = None) -> Any:
@@ -99,5 +112,5 @@ def load_trained(path: str, device: "str | torch.device" = "auto", ground_instru
     return _load(path, device=device, ground_instructions=ground_instructions)
 
 
-__all__ = ["POLICIES", "POLICY_CONFIGS", "config_class", "load_policy", "load_trained", "make_config", "make_policy", "policy_class",
-           "save_policy"]
+__all__ = ["POLICIES", "POLICY_CONFIGS", "config_class", "config_node", "load_policy", "load_trained", "make_config",
+           "make_policy", "policy_class", "save_policy"]

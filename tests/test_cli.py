@@ -64,6 +64,15 @@ def test_eval_custom_instructions_file(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
+    (("train", "suite=nowhere"), "'nowhere'"),
+    (("train", "policy.hiden=3"), "Did you mean 'hidden'"),
+    (("train", "stepz=3"), "'stepz'"),
+    (("train", "steps=abc"), "steps"),
+    (("train", "policy=flwo"), "Did you mean 'flow'"),
+    (("train", "obs_mode=depth"), "'depth'"),
+    (("train", "policy.obs_mode=pixels"), "obs_mode"),
+    (("collect", "suite=nowhere"), "'nowhere'"),
+    (("eval", "policy=expert", "policy.horizon=3"), "horizon"),
     (("eval", "episodes=0"), "episodes"),
     (("eval", "vector=threads"), "vector"),
     (("collect", "obs_mode=depth"), "obs_mode"),
@@ -74,10 +83,12 @@ def test_eval_custom_instructions_file(tmp_path):
     (("eval", "checkpoint=/nonexistent/a", "checkpoints=[/nonexistent/b]"), "checkpoints"),
     (("train", "snapshot_every=-1"), "snapshot_every"),
 ])
-def test_bad_config_names_the_field(tmp_path, args, needle):
+def test_bad_config_is_a_one_line_error_naming_it(tmp_path, args, needle):
     r = embodied(*args, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, check=False)
-    assert r.returncode != 0
-    assert needle in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"embodied {args[0]}: error: "), r.stderr[-2000:]
+    assert needle in lines[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 def test_bench_smoke(tmp_path):
@@ -228,50 +239,142 @@ def test_train_snapshots_then_eval_success_curve(tmp_path):
     assert [int(r.split("|")[1]) for r in rows] == [2, 4, 5, 6, 8]
 
 
-def test_suite_recipe_fills_unset_train_settings_only(monkeypatch):
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# train.yaml's recipe layers, in the order they apply: (group under configs/recipe/, option)
+LAYERS = (("suite", "{suite}"), ("obs_mode", "{obs_mode}"), ("suite_obs_mode", "{suite}_{obs_mode}"),
+          ("policy", "{policy}"))
+
+
+def _train_config(*overrides: str):
+    from embodied.commands.app import compose
+    from embodied.runtime.train import TrainConfig
+
+    return compose("train", TrainConfig, overrides)
+
+
+def _layer(group: str, option: str) -> dict:
+    """What configs/recipe/<group>/<option>.yaml sets (flat keys; {} without the file), its defaults list followed."""
+    if (group, option) not in _LAYER_CACHE:
+        from hydra import compose, initialize_config_module
+        from omegaconf import OmegaConf
+
+        values = {}
+        if (CONFIGS / "recipe" / group / f"{option}.yaml").exists():
+            with initialize_config_module("configs", version_base="1.3"):
+                values = _flat(OmegaConf.to_container(compose(f"recipe/{group}/{option}")))
+        _LAYER_CACHE[group, option] = values
+    return dict(_LAYER_CACHE[group, option])
+
+
+_LAYER_CACHE: dict = {}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _plain(cfg) -> dict:
     import dataclasses
 
-    from embodied import registry
-    from embodied.runtime.train import PIXEL_RECIPE, RECIPE, TrainConfig, apply_recipe
-    from embodied.core.registry import get_suite
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as YAML has them
 
-    mt = get_suite("metaworld-mt10").train_defaults
-    cfg = apply_recipe(TrainConfig(suite="metaworld-mt10"))
-    assert cfg.demos == mt["demos"] != RECIPE["demos"] and cfg.eval_episodes == mt["eval_episodes"]
-    assert apply_recipe(TrainConfig(suite="metaworld-mt10", demos=7)).demos == 7  # the user's value wins
-    plain = apply_recipe(TrainConfig(suite="manipulation", demo_noise=0.0))
-    assert plain.demos == RECIPE["demos"] and plain.demo_noise == 0.0
-    assert plain.steps == RECIPE["steps"] and plain.batch_size == RECIPE["batch_size"]
-    pixels = apply_recipe(TrainConfig(obs_mode="pixels", policy={"name": "flow", "n_obs_steps": 2, "horizon": 16}))
-    assert (pixels.demos, pixels.batch_size, pixels.steps) == (PIXEL_RECIPE["demos"], PIXEL_RECIPE["batch_size"],
-                                                               PIXEL_RECIPE["steps"])
-    # left at the default: the recipe's (and the resolved grounding setting)
-    assert pixels.policy == {"name": "flow", "n_obs_steps": 1, "horizon": 16, "ground_instructions": False}
-    kept = apply_recipe(TrainConfig(obs_mode="pixels", batch_size=32, policy={"name": "flow", "n_obs_steps": 3}))
-    assert kept.batch_size == 32 and kept.policy["n_obs_steps"] == 3  # the user's values win
-    assert cfg.steps == mt["steps"] and cfg.policy["text_token_dropout"] == mt["policy"]["text_token_dropout"]
-    mt_px = apply_recipe(TrainConfig(suite="metaworld-mt10", obs_mode="pixels"))
-    assert mt_px.demos == mt["pixels"]["demos"]  # the suite's pixel entry, over the pixel recipe
-    assert (mt_px.batch_size, mt_px.steps) == (PIXEL_RECIPE["batch_size"], PIXEL_RECIPE["steps"])  # over the suite's
-    assert cfg.batch_size == mt["batch_size"] != RECIPE["batch_size"] and cfg.policy["lr"] == mt["policy"]["lr"]
-    assert mt_px.policy["lr"] == mt["pixels"]["policy"]["lr"] != mt["policy"]["lr"]  # the pixel entry's lr wins
-    # Meta-World grounds unfamiliar wordings with state observations; not with pixels, not a
-    # one-hot policy, and not when told not to
-    assert cfg.ground_instructions and cfg.policy["ground_instructions"] and not plain.ground_instructions
-    assert not mt_px.ground_instructions and not mt_px.policy["ground_instructions"]
-    onehot = apply_recipe(TrainConfig(suite="metaworld-mt10", policy={"name": "mlp", "text_encoder": "onehot"}))
-    assert not onehot.policy["ground_instructions"]
-    off = apply_recipe(TrainConfig(suite="metaworld-mt10", ground_instructions=False))
-    assert not off.ground_instructions and not off.policy["ground_instructions"]
-    assert apply_recipe(TrainConfig(policy={"name": "flow", "ground_instructions": True})).ground_instructions
-    bad = dataclasses.replace(get_suite("manipulation"), name="_bad_recipe", train_defaults={"demoz": 3})
-    monkeypatch.setitem(registry._SUITES, "_bad_recipe", bad)  # removed again after the test
-    with pytest.raises(ValueError, match="demoz"):
-        apply_recipe(TrainConfig(suite="_bad_recipe"))
-    bad_policy = dataclasses.replace(bad, name="_bad_policy_recipe", train_defaults={"policy": {"hiden": 3}})
-    monkeypatch.setitem(registry._SUITES, "_bad_policy_recipe", bad_policy)
-    with pytest.raises(ValueError, match="hiden"):
-        apply_recipe(TrainConfig(suite="_bad_policy_recipe"))
+
+def _expected(suite: str, obs_mode: str, policy: str, cli: dict) -> dict:
+    """The schemas' defaults, then each recipe layer that has a file, then the command line (flat keys)."""
+    import dataclasses
+
+    from embodied.runtime.train import TrainConfig
+    from policies import config_class
+
+    want = _flat({**{f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)},
+                  "policy": {"name": policy, **dataclasses.asdict(config_class(policy)())}})
+    want.update(suite=suite, obs_mode=obs_mode)
+    for group, option in LAYERS:
+        want.update(_layer(group, option.format(suite=suite, obs_mode=obs_mode, policy=policy)))
+    want.update(cli)
+    # the policy observes what the run observes and grounds when the run does (train.yaml)
+    want["policy.obs_mode"] = cli.get("policy.obs_mode", want["obs_mode"])
+    want["policy.ground_instructions"] = cli.get("policy.ground_instructions", want["ground_instructions"])
+    return json.loads(json.dumps(want))
+
+
+def _other(value):
+    """A valid value unlike ``value`` (for the recipes' fields)."""
+    if isinstance(value, bool):
+        return not value
+    return value + 1 if isinstance(value, int) else value / 2
+
+
+@pytest.mark.parametrize("policy", ["flow", "diffusion", "mlp"])
+@pytest.mark.parametrize("obs_mode", ["state", "pixels"])
+def test_recipes_compose_in_order_and_the_command_line_wins(obs_mode, policy):
+    """Every suite's recipe composes as train.yaml documents it: the schemas' defaults, then the suite's,
+    the observation mode's, the suite's for that mode and the family's recipe, each over the ones
+    before; then any key=value, even one that equals a schema default."""
+    from embodied.core.registry import list_suites
+
+    for suite in list_suites():
+        base = ("suite=" + suite, "obs_mode=" + obs_mode, "policy=" + policy)
+        got = _flat(_plain(_train_config(*base)))
+        assert got == _expected(suite, obs_mode, policy, {}), suite
+        recipe = {k: v for group, option in LAYERS
+                  for k, v in _layer(group, option.format(suite=suite, obs_mode=obs_mode, policy=policy)).items()}
+        defaults = _expected("manipulation", "state", policy, {})
+        for cli in ({k: _other(v) for k, v in recipe.items()},  # unlike the recipe's values
+                    {k: defaults[k] for k, v in recipe.items() if defaults[k] != v}):  # the schema's defaults
+            if cli.get("ground_instructions") and defaults["policy.text_encoder"] == "onehot":
+                cli["policy.text_encoder"] = "minilm"  # a one-hot policy has no words to ground
+            got = _flat(_plain(_train_config(*base, *(f"{k}={json.dumps(v)}" for k, v in cli.items()))))
+            assert got == _expected(suite, obs_mode, policy, cli), (suite, cli)
+            assert all(got[k] == v for k, v in cli.items())
+
+
+def _capture_train(*args: str, cwd: Path) -> dict:
+    """The TrainConfig that `embodied train ARGS` hands to train(), which is replaced to print it."""
+    code = ("import dataclasses, json, sys\n"
+            "import embodied.commands.train as cmd\n"
+            "def capture(cfg, out):\n"
+            "    print('CONFIG ' + json.dumps(dataclasses.asdict(cfg)))\n"
+            "    raise SystemExit(0)\n"
+            "cmd.train = capture\n"
+            "from embodied.cli import main\n"
+            "main(sys.argv[1:])\n")
+    r = subprocess.run([sys.executable, "-c", code, "train", *args, "progress=false", f"hydra.run.dir={cwd}/run"],
+                       cwd=cwd, capture_output=True, text=True, timeout=300)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("CONFIG ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    return json.loads(lines[0][len("CONFIG "):])
+
+
+@pytest.mark.parametrize("args", [("suite=metaworld-mt50",),
+                                  ("suite=navigation", "obs_mode=pixels", "policy=diffusion"),
+                                  ("suite=metaworld-mt10", "obs_mode=pixels", "policy=mlp", "steps=7",
+                                   "policy.hidden=64")])
+def test_cfg_job_prints_the_config_train_runs(tmp_path, args):
+    import yaml
+
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *args, "progress=false", "--cfg", "job",
+                        "--resolve"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = yaml.safe_load(r.stdout)
+    assert printed == _capture_train(*args, cwd=tmp_path)
+    assert printed == _plain(_train_config(*args, "progress=false"))  # and what compose() gives
+
+
+def test_help_lists_the_choices(tmp_path):
+    from embodied.core.registry import list_suites
+    from policies import POLICY_CONFIGS
+
+    out = embodied("train", "--help", cwd=tmp_path).stdout
+    listing = out[out.index("== Configuration groups =="):out.index("== Config ==")]
+    groups = {line.split(":")[0]: line.split(":", 1)[1] for line in listing.splitlines() if ": " in line}
+    assert set(groups["suite"].replace(",", " ").split()) == set(list_suites())
+    assert set(POLICY_CONFIGS) <= set(groups["policy"].replace(",", " ").split())
+    assert set(groups["obs_mode"].replace(",", " ").split()) == {"state", "pixels"}
+    assert "expert" in embodied("eval", "--help", cwd=tmp_path).stdout
 
 
 def test_collect_refuses_to_mix_action_noise_settings(tmp_path):

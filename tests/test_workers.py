@@ -134,17 +134,31 @@ def test_cli_eval_workers(tiny_checkpoint, tmp_path):
     assert m["per_task"] == m1["per_task"]
 
 
-def test_free_cores_counts_idle_cores(monkeypatch):
+@pytest.mark.parametrize("busy, idle, iowait, free", [
+    (0, 400, 0, 4),  # all four cores idle over the window
+    (100, 300, 0, 3),  # one core's worth of time busy
+    (300, 100, 0, 1),  # three
+    (100, 200, 100, 3),  # iowait counts as idle
+    (60, 340, 0, 4),  # 60% of a core: not busy (a core counts as busy from 70% use)
+    (280, 120, 0, 1),  # 2.8 cores: three busy
+])
+def test_free_cores_counts_idle_cores(monkeypatch, busy, idle, iowait, free):
+    """free_cores reads /proc/stat twice and counts the cores idle in between (4 here; the
+    fallback without /proc/stat, half of them, gives 2, unlike every case above)."""
     import os
 
     import embodied.runtime.train as train_mod
 
     assert 1 <= train_mod.free_cores(0.05) <= (os.cpu_count() or 1)
-    stats = iter(["cpu 100 0 100 800 0 0 0 0 0 0\n", "cpu 150 0 150 900 0 0 0 0 0 0\n"])  # half busy
+    u0, i0, w0 = 1000, 8000, 50  # user, idle, iowait jiffies at the first reading
+    readings = [f"cpu {u0} 0 500 {i0} {w0} 0 0 0 0 0\n",
+                f"cpu {u0 + busy} 0 500 {i0 + idle} {w0 + iowait} 0 0 0 0 0\n"]
+    opened = []
 
     class FakeStat:
-        def __init__(self, *_):
-            self.line = next(stats)
+        def __init__(self, path, *_):
+            opened.append(path)
+            self.line = readings[len(opened) - 1]
 
         def __enter__(self):
             return self
@@ -157,10 +171,18 @@ def test_free_cores_counts_idle_cores(monkeypatch):
 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     monkeypatch.setattr(train_mod, "open", FakeStat, raising=False)
-    assert train_mod.free_cores(0.0) == 2  # 2 of 4 cores' worth of time busy
+    assert train_mod.free_cores(0.0) == free
+    assert opened == ["/proc/stat", "/proc/stat"]
+
+
+def test_free_cores_without_proc_stat_is_half_the_cores(monkeypatch):
+    import os
+
+    import embodied.runtime.train as train_mod
 
     def no_proc(*_):
         raise OSError("no /proc/stat")
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
     monkeypatch.setattr(train_mod, "open", no_proc, raising=False)
-    assert train_mod.free_cores(0.0) == 2  # half the cores
+    assert train_mod.free_cores(0.0) == 3

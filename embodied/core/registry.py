@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from embodied.core.errors import UnknownNameError
 
@@ -59,18 +59,11 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class SuiteSpec:
-    """A named, ordered set of tasks evaluated together.
-
-    ``train_defaults``: the suite's training recipe, ``embodied train`` settings used when the
-    user leaves them unset (e.g. ``{"demos": 50, "policy": {"text_token_dropout": 0.2}}``;
-    ``"pixels"`` holds a dict of them for pixel observations); see
-    ``embodied.runtime.train.RECIPE`` and ``apply_recipe``.
-    """
+    """A named, ordered set of tasks evaluated together (its training recipe: ``configs/suite/<name>.yaml``)."""
 
     name: str
     tasks: tuple[str, ...]
     description: str = ""
-    train_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
 _TASKS: dict[str, TaskSpec] = {}

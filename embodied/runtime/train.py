@@ -16,11 +16,13 @@ observations, collection and the final evaluation run in one worker process per 
 (``workers``; evaluation workers load ``checkpoint/``), with the same results as one process.
 Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint.
 
-``demos``, ``demo_noise``, ``eval_episodes``, ``steps`` and ``batch_size`` left unset come
-from the suite's recipe (``SuiteSpec.train_defaults``; e.g. navigation: 800 demos at noise
-0.3, Meta-World: 50 demos, 20 evaluation episodes and word dropout in the text encoder),
-else, for pixels, from ``PIXEL_RECIPE`` (200 demos, batch 64, 15k steps, one frame), else
-from ``RECIPE``. A recipe's policy fields apply to those left at their default.
+The recipe is Hydra's (``configs/train.yaml``): this schema's defaults (the generic recipe),
+then ``configs/recipe/suite/<suite>.yaml``, ``recipe/obs_mode/<obs_mode>.yaml`` (the pixel
+recipe), ``recipe/suite_obs_mode/<suite>_<obs_mode>.yaml`` and ``recipe/policy/<family>.yaml``,
+each over the ones before, and ``key=value`` over all of them. ``embodied train ... --cfg job``
+prints the result and ``train`` runs exactly that. A ``TrainConfig(...)`` built in Python has
+the schema's defaults only; ``embodied.commands.app.compose("train", TrainConfig, ["suite=..."])``
+gives a suite's recipe.
 
 Pixel policies: pixel datasets record the full state beside the images
 (``privileged_state``) and the policy learns to predict it from its image keypoints, an
@@ -53,7 +55,12 @@ log = logging.getLogger("embodied.train")
 
 @dataclass
 class TrainConfig:
-    """Schema of ``configs/train.yaml`` (the policy's own fields live in ``configs/policy/``)."""
+    """Schema of ``configs/train.yaml``; its defaults are the generic recipe (see the module docstring).
+
+    ``policy``: the policy's fields as a dict with the family's ``name`` (Hydra's ``policy``
+    group: ``policy=flow | diffusion | mlp``, then ``policy.<field>=value``); fields left out
+    take the family config's defaults (``policies/<name>/config.py``).
+    """
 
     suite: str = "manipulation"
     tasks: list[str] = field(default_factory=list)  # overrides suite when given
@@ -62,17 +69,16 @@ class TrainConfig:
     image_size: int = 64
     cameras: list[str] = field(default_factory=list)
     dataset: str = ""  # default data/<suite>-<obs_mode>; collected when it holds too few episodes
-    # unset (null): the suite's recipe (SuiteSpec.train_defaults), else RECIPE below
-    demos: int | None = None  # demonstrations per task
-    demo_noise: float | None = None  # noise on executed expert actions while collecting (recovery data)
-    steps: int | None = None  # gradient steps
-    batch_size: int | None = None
+    demos: int = 400  # demonstrations per task
+    demo_noise: float = 0.1  # noise on executed expert actions while collecting (recovery data)
+    steps: int = 16000  # gradient steps
+    batch_size: int = 128
     # ground wordings the policy was not trained on in the scene (policies.common.grounding);
-    # sets policy.ground_instructions and stores the index in the checkpoint
-    ground_instructions: bool | None = None
+    # policy.ground_instructions follows it and the index is stored in the checkpoint
+    ground_instructions: bool = False
     eval_every: int = 0  # steps between periodic evaluations (0: final only)
     eval_episodes_periodic: int = 10  # per task, training paraphrases
-    eval_episodes: int | None = None  # final evaluation, per task and split
+    eval_episodes: int = 50  # final evaluation, per task and split
     eval_seed: int = 100_000
     save_every: int = 1000
     snapshot_every: int = 4000  # keep checkpoints/step_XXXXXXX/ (policy only) every N steps and at the end; 0: never
@@ -89,76 +95,28 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("demos", "steps", "batch_size", "eval_episodes", "save_every", "num_envs"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "snapshot_every", "workers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.demo_noise <= 1.0:
+            raise ValueError(f"demo_noise must be in [0, 1], got {self.demo_noise}")
         if self.obs_mode not in ("state", "pixels"):
             raise ValueError(f"obs_mode must be 'state' or 'pixels', got {self.obs_mode!r}")
         if "name" not in self.policy:
             raise ValueError("policy needs a name: policy=flow | diffusion | mlp")
         if self.policy["name"] == "expert":
             raise ValueError("policy=expert has nothing to train: use policy=flow, diffusion or mlp")
+        # what the policy observes and whether it grounds follow the run's settings, unless given
+        self.policy = {**self.policy, "obs_mode": self.policy.get("obs_mode", self.obs_mode),
+                       "ground_instructions": self.policy.get("ground_instructions", self.ground_instructions)}
+        if self.policy["obs_mode"] != self.obs_mode:
+            raise ValueError(f"policy.obs_mode={self.policy['obs_mode']!r} differs from obs_mode={self.obs_mode!r}: "
+                             "set obs_mode (the policy observes what the run observes)")
+        from policies import make_config
 
-
-#: Settings a recipe may set and their fallbacks. ``policy``: policy fields, applied to those
-#: the user left at their default (``policy.<field>=value`` given explicitly still wins,
-#: unless it equals the default).
-RECIPE: dict[str, Any] = {"demos": 400, "demo_noise": 0.1, "eval_episodes": 50, "steps": 16000,
-                          "batch_size": 128, "ground_instructions": False, "policy": {}}
-#: Pixel observations (``obs_mode=pixels``), over ``RECIPE``: 200 demos per task, batch 64,
-#: 15k steps, one frame of history. On the manipulation suite (side camera, 64 px, auxiliary
-#: state loss) this reached 76.8% (70.0% held-out) in 29.2 CPU-minutes, training and evaluation.
-#: No grounding: with pixels the state is proprioception only, which cannot tell scenes apart.
-PIXEL_RECIPE: dict[str, Any] = {"demos": 200, "steps": 15000, "batch_size": 64, "ground_instructions": False,
-                                "policy": {"n_obs_steps": 1}}
-
-
-def apply_recipe(cfg: TrainConfig) -> TrainConfig:
-    """Fill the unset recipe fields of ``cfg``; the first that sets a field wins.
-
-    State observations: the suite's ``train_defaults``, then ``RECIPE``. Pixel observations:
-    the suite's ``train_defaults["pixels"]``, then ``PIXEL_RECIPE``, then the suite's other
-    ``train_defaults``, then ``RECIPE``.
-    """
-    import dataclasses
-
-    from embodied.core.registry import get_suite
-    from policies import config_class
-
-    suite = dict(get_suite(cfg.suite).train_defaults)
-    suite_pixels = suite.pop("pixels", {})
-    unknown = sorted((set(suite) | set(suite_pixels)) - set(RECIPE))
-    if unknown:
-        raise ValueError(f"suite {cfg.suite!r} train_defaults has unknown field(s) {unknown}; allowed: "
-                         f"{sorted(RECIPE)} and 'pixels' (a dict of them for obs_mode=pixels)")
-    layers = [RECIPE, suite]  # later layers win
-    if cfg.obs_mode == "pixels":
-        layers += [PIXEL_RECIPE, suite_pixels]
-    values = {}
-    for k in RECIPE:
-        if k != "policy":
-            values[k] = getattr(cfg, k) if getattr(cfg, k) is not None else [l[k] for l in layers if k in l][-1]
-    if not 0.0 <= values["demo_noise"] <= 1.0:
-        raise ValueError(f"demo_noise must be in [0, 1], got {values['demo_noise']}")
-    policy = dict(cfg.policy)
-    recipe_policy = {k: v for layer in layers for k, v in layer.get("policy", {}).items()}
-    if recipe_policy:
-        default = config_class(policy["name"])()
-        bad = sorted(k for k in recipe_policy if not hasattr(default, k))
-        if bad:
-            raise ValueError(f"recipe for suite {cfg.suite!r} sets unknown policy field(s) {bad}")
-        for k, v in recipe_policy.items():
-            if k not in policy or policy[k] == getattr(default, k):
-                policy[k] = v
-    if cfg.ground_instructions is not None:
-        policy["ground_instructions"] = cfg.ground_instructions
-    elif not policy.get("ground_instructions"):  # policy.ground_instructions=true given by hand stands
-        # a one-hot policy reads the task name: there are no words to ground
-        policy["ground_instructions"] = values["ground_instructions"] and policy.get("text_encoder") != "onehot"
-    values["ground_instructions"] = bool(policy["ground_instructions"])
-    return dataclasses.replace(cfg, **values, policy=policy)
+        make_config(self.policy["name"], self.policy)  # refuses a bad field, naming it
 
 
 class Batcher:
@@ -363,7 +321,6 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     from policies import load_policy, make_config, make_policy
 
     t_start = time.time()
-    cfg = apply_recipe(cfg)
     torch.set_num_threads(cfg.threads or free_cores())
     torch.manual_seed(cfg.seed)
     tasks = resolve_tasks(cfg.suite, cfg.tasks)

@@ -12,7 +12,4 @@ from sim.navigation.tasks import GOALS
 
 SUITE = register_suite(SuiteSpec(
     "navigation", tasks=tuple(GOALS),
-    description="instruction-following navigation in a four-room arena with coloured balls",
-    # 800 demonstrations with strong action noise (the expert replans, so its labels show how
-    # to recover): 93.0% / 91.5% held-out, against 87.0% / 85.0% with 400 at noise 0.1
-    train_defaults={"demos": 800, "demo_noise": 0.3}))
+    description="instruction-following navigation in a four-room arena with coloured balls"))
