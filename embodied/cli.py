@@ -15,6 +15,8 @@ COMMANDS = {
     "collect": ("embodied.commands.collect", "record scripted-expert demonstrations to a dataset"),
     "play": ("embodied.commands.play", "run one episode with your own instruction and save a video"),
     "bench": ("embodied.commands.bench", "measure simulation, rendering and policy speed"),
+    "serve": ("embodied.commands.serve", "serve a checkpoint's policy over websockets (openpi's wire format)"),
+    "robot": ("embodied.commands.robot", "run a policy on a robot through the bridge: run | bench | sim-server"),
 }
 
 

@@ -283,10 +283,11 @@ class ControlLoop:
         return getattr(self.policy, "connected", True) is False
 
     # ---------------------------------------------------------------- the loop
-    def run_episode(self, max_steps: int, instruction: str | None = None) -> EpisodeReport:
+    def run_episode(self, max_steps: int, instruction: str | None = None, task: str | None = None) -> EpisodeReport:
         """Run until the robot says ``done``, ``max_steps`` steps, or an e-stop; the robot ends in its safe state.
 
-        ``instruction`` replaces the observation's (a hardware robot has none of its own).
+        ``instruction`` replaces the observation's (a hardware robot has none of its own);
+        ``task`` is added to each observation (what ``embodied eval`` gives a policy too).
         """
         if max_steps < 1:
             raise LoopConfigError(f"max_steps must be >= 1, got {max_steps}")
@@ -324,6 +325,8 @@ class ControlLoop:
                     continue
                 if instruction is not None:
                     obs["instruction"] = instruction
+                if task is not None:
+                    obs["task"] = task
                 if not history:
                     for _ in range(history.maxlen - 1):  # type: ignore[operator]
                         history.append(obs)

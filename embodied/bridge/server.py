@@ -86,6 +86,7 @@ class PolicyServer:
         self._server = serve(self._handle, host, port, compression=None, max_size=2 * self.max_message_bytes,
                              process_request=self._process_request, ping_interval=None)
         self._thread: threading.Thread | None = None
+        self._stopped = False
         self.stats = {"connections": 0, "requests": 0, "errors": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -108,7 +109,10 @@ class PolicyServer:
         self._server.serve_forever()
 
     def stop(self) -> None:
-        """Stop listening and close every connection."""
+        """Stop listening and close every connection (again: nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._server.shutdown()
         for conn in list(getattr(self._server, "connections", ())):
             conn.close()
