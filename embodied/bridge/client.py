@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.protocol import State
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
 from embodied.bridge import wire
 from embodied.core.errors import EmbodiedError, SpecMismatchError
@@ -110,7 +110,7 @@ class RemotePolicy(Policy):
 
     def _open(self, timeout: float) -> dict[str, Any]:
         headers = {"Authorization": f"Api-Key {self.api_key}"} if self.api_key else None
-        conn = connect(self.url, compression=None, max_size=None, additional_headers=headers, proxy=None,
+        conn = wire.ws_connect(self.url, compression=None, max_size=None, additional_headers=headers, proxy=None,
                        open_timeout=timeout, ping_interval=None, close_timeout=1)
         try:
             frame = conn.recv(timeout=timeout)

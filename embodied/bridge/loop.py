@@ -55,7 +55,7 @@ class LoopConfig:
     """Schema of the loop settings of ``configs/robot.yaml``.
 
     Attributes:
-        rate_hz: control rate; 0 runs steps back to back (simulation only: no watchdog).
+        rate_hz: control rate; 0 runs steps back to back (lockstep in simulation only: no watchdog).
         mode: ``realtime`` or ``lockstep`` (see the module docstring).
         prefetch_steps: realtime: request the next chunk when this many actions are left.
         blend_steps: realtime: steps over which a new chunk is cross-faded in.
@@ -81,6 +81,9 @@ class LoopConfig:
             raise LoopConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.rate_hz < 0 or self.rate_hz > 2000:
             raise LoopConfigError(f"rate_hz must be in [0, 2000] (0: steps back to back), got {self.rate_hz}")
+        if self.rate_hz == 0 and self.mode == "realtime":
+            raise LoopConfigError("rate_hz=0 (steps back to back) needs mode=lockstep: in realtime mode the "
+                                  "asynchronous chunk requests would never arrive in time")
         if self.prefetch_steps < 0 or self.blend_steps < 0:
             raise LoopConfigError(f"prefetch_steps and blend_steps must be >= 0, got {self.prefetch_steps}, "
                                   f"{self.blend_steps}")
@@ -453,7 +456,8 @@ class ControlLoop:
 
     def _failed(self, t: int, report: EpisodeReport, why: str) -> None:
         report.events["request_failures"] += 1
-        self._retry_at = time.monotonic() + max(2 * self.period, 0.02)
+        if self.config.mode == "realtime":  # lockstep asks again at the next step
+            self._retry_at = time.monotonic() + max(2 * self.period, 0.02)
         log.warning("chunk request at step %d failed: %s", t, why)
         return None
 

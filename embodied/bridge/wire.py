@@ -25,6 +25,8 @@ bool, forget this connection's history first. openpi's control messages
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -77,7 +79,9 @@ def _decode_array(d: Mapping[Any, Any]) -> np.ndarray:
     if not isinstance(dtype, str):
         raise WireError(f"__ndarray__: dtype must be a str such as '<f4', got {type(dtype).__name__}")
     try:
-        dt = np.dtype(dtype)
+        with warnings.catch_warnings():  # numpy warns about deprecated aliases a sender may use
+            warnings.simplefilter("ignore")
+            dt = np.dtype(dtype)
     except (TypeError, ValueError, SyntaxError):
         raise WireError(f"__ndarray__: dtype {dtype[:40]!r} is not a numpy dtype") from None
     _check_dtype(dt, "__ndarray__")
@@ -101,7 +105,9 @@ def _decode_generic(d: Mapping[Any, Any]) -> np.generic:
     if isinstance(dtype, bytes):
         dtype = dtype.decode("ascii", "replace")
     try:
-        dt = np.dtype(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dt = np.dtype(dtype)
     except (TypeError, ValueError, SyntaxError):
         raise WireError(f"__npgeneric__: dtype {str(dtype)[:40]!r} is not a numpy dtype") from None
     _check_dtype(dt, "__npgeneric__")
@@ -139,6 +145,19 @@ def unpack(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
         raise
     except Exception as e:  # msgpack's own errors (truncated, extra data, bad utf-8, too deep...)
         raise WireError(f"not a valid msgpack message: {type(e).__name__}: {e}") from None
+
+
+def ws_connect(url: str, **kwargs: Any) -> Any:
+    """A websocket client connection (``websockets.sync.client.connect``) used without a ``with`` block.
+
+    websockets 17 warns about that unless ``legacy=True`` is given, a keyword older
+    versions do not have; the connection object is the same either way.
+    """
+    from websockets.sync.client import connect
+
+    if "legacy" in inspect.signature(connect).parameters:
+        kwargs["legacy"] = True
+    return connect(url, **kwargs)
 
 
 # ------------------------------------------------------------------------ requests

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.protocol import State
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 from websockets.sync.server import ServerConnection, serve
 
 from embodied.bridge import wire
@@ -218,7 +218,7 @@ class NetworkRobot(Robot):
 
     def connect(self) -> None:
         try:
-            self._conn = connect(self.url, compression=None, max_size=None, proxy=None, open_timeout=5,
+            self._conn = wire.ws_connect(self.url, compression=None, max_size=None, proxy=None, open_timeout=5,
                                  ping_interval=None, close_timeout=1)
         except (OSError, TimeoutError, WebSocketException) as e:
             raise RobotCommunicationError(f"no robot server at {self.url}: {type(e).__name__}: {e}") from None
