@@ -45,7 +45,7 @@ class RobotRunConfig:
     """Schema of ``configs/robot.yaml``."""
 
     # robot=sim | remote | rosbridge (config group configs/robot/): driver name + its arguments
-    robot: dict[str, Any] = field(default_factory=lambda: {"kind": "sim", "task": "reach"})
+    robot: dict[str, Any] = field(default_factory=dict)
     url: str = ""  # the policy server, ws://HOST:PORT (ours or openpi's)
     checkpoint: str = ""  # or: load this checkpoint here and run it in-process (no server)
     api_key: str = ""

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from embodied.core.errors import UnknownNameError
@@ -27,4 +28,10 @@ def make_robot(kind: str, **kwargs: Any) -> Robot:
     if kind not in DRIVERS:
         raise UnknownNameError("robot driver", kind, list(DRIVERS))
     module, _, attr = DRIVERS[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)(**kwargs)
+    factory = getattr(importlib.import_module(module), attr)
+    params = inspect.signature(factory).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(kwargs) - set(params))
+        if unknown:
+            raise ValueError(f"robot driver {kind!r} does not take {unknown}; it takes {sorted(params)}")
+    return factory(**kwargs)
