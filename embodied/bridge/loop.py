@@ -296,7 +296,7 @@ class ControlLoop:
             raise LoopConfigError(f"max_steps must be >= 1, got {max_steps}")
         if not self.robot.is_connected:
             raise LoopConfigError("the robot is not connected: connect() it (or use `with robot:`) first")
-        self.robot.safe_action()  # refuse to start without a safe state (NotImplementedError)
+        start = np.asarray(self.robot.safe_action(), np.float32)  # no safe state: NotImplementedError, no motion
         if self._connection_lost():
             raise LoopConfigError("the policy server is not reachable: not enabling motion")
         cfg, report = self.config, EpisodeReport()
@@ -306,7 +306,8 @@ class ControlLoop:
         schedule = ChunkSchedule(self.policy.horizon, self.policy.n_action_steps, cfg.blend_steps
                                  if cfg.mode == "realtime" else 0)
         pending: tuple | None = None
-        self._hold_action, self._last_sent, self._retry_at, self._watchdog_trips = None, None, 0.0, 0
+        # max_delta counts from the safe state: the first command moves at most max_delta from holding still
+        self._hold_action, self._last_sent, self._retry_at, self._watchdog_trips = None, start, 0.0, 0
         stop_watchdog = threading.Event()
         if self.period > 0:
             self._last_command = time.monotonic()
