@@ -263,6 +263,15 @@ def test_openpi_style_client_single_step_requests(server):
             assert "infer_ms" in out["server_timing"] and (i == 0 or "prev_total_ms" in out["server_timing"])
         ws.send(wire.pack({"__ctrl__": "episode_start"}))
         assert wire.unpack(ws.recv(timeout=5)) == {"__ack__": "episode_start"}
+    # a client written for another policy's keys, renamed by the server's key_map
+    policy = LinearPolicy()
+    with PolicyServer(policy, metadata=_meta(policy), key_map={"observation/state": "state"}) as srv, \
+            connect(srv.url, proxy=None) as ws:
+        ws.recv(timeout=5)
+        ws.send(wire.pack({"observation/state": np.ones((TO, DS), np.float32), "prompt": "pick"}))
+        out = wire.unpack(ws.recv(timeout=5))
+        assert np.array_equal(out["actions"], local.predict_chunk({"state": np.ones((1, TO, DS), np.float32),
+                                                                   "instruction": ["pick"]})[0])
 
 
 def _error_frame(url, payload):
@@ -621,3 +630,45 @@ def test_network_sim_robot_with_latency_jitter_and_drops():
     assert rs.stats["dropped"] >= 1 and report.events["robot_comm_errors"] >= 1
     assert report.steps >= 40 and report.ended_by in ("done", "max_steps"), report.to_dict()
     assert report.events["chunks_used"] >= 10
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import sys, json
+    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    from test_bridge import LinearPolicy, ToyRobot
+    from embodied.bridge.loop import ControlLoop, LoopConfig
+
+    class Logged(ToyRobot):
+        def send_action(self, action):
+            a = super().send_action(action)
+            print(json.dumps([float(x) for x in a]), flush=True)
+            return a
+
+    robot = Logged()
+    with robot:
+        try:
+            ControlLoop(robot, LinearPolicy(amplitude=3.0), LoopConfig(rate_hz=50)).run_episode(100_000)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+            sys.exit(130)
+""")
+
+
+def test_ctrl_c_leaves_the_robot_in_its_safe_state():
+    import signal
+
+    code = CTRL_C_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = []
+    while len(lines) < 20:  # moving under the policy
+        lines.append(proc.stdout.readline())
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    lines += out.splitlines()
+    assert proc.returncode == 130 and lines[-1].strip() == "INTERRUPTED", err[-2000:]
+    commands = [json.loads(x) for x in lines if x.startswith("[")]
+    assert any(np.any(np.asarray(c) != 0) for c in commands[:20])
+    assert commands[-1] == [0.0, 0.0, 0.0]  # the last command the robot got: its safe action

@@ -70,11 +70,13 @@ class PolicyServer:
         api_key: when set, handshakes must carry ``Authorization: Api-Key <api_key>``.
         max_message_bytes: requests over this size get an error frame; over twice it the
             websocket layer itself closes the connection (code 1009) without reading it.
+        key_map: request keys a client sends -> ours, for openpi clients written for another
+            policy, e.g. ``{"observation/state": "state", "prompt": "instruction"}``.
     """
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 0,
                  metadata: Mapping[str, Any] | None = None, api_key: str | None = None,
-                 max_message_bytes: int = wire.MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = wire.MAX_MESSAGE_BYTES, key_map: Mapping[str, str] | None = None):
         if max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {max_message_bytes}")
         self.policy = policy
@@ -82,6 +84,7 @@ class PolicyServer:
         self.metadata["max_message_bytes"] = int(max_message_bytes)
         self.api_key = api_key or None
         self.max_message_bytes = int(max_message_bytes)
+        self.key_map = dict(key_map or {})
         self._lock = threading.Lock()
         self._server = serve(self._handle, host, port, compression=None, max_size=2 * self.max_message_bytes,
                              process_request=self._process_request, ping_interval=None)
@@ -176,6 +179,8 @@ class PolicyServer:
             if ctrl == "episode_start":
                 history.clear()
             return {"__ack__": ctrl if ctrl in ("episode_start", "episode_end") else "ignored"}
+        if self.key_map and isinstance(msg, Mapping):
+            msg = {self.key_map.get(k.decode() if isinstance(k, bytes) else k, k): v for k, v in msg.items()}
         req = wire.read_request(msg, self.metadata)
         if req.reset:
             history.clear()

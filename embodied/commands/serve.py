@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from embodied.commands.app import hydra_command, run_dir
@@ -42,6 +42,7 @@ class ServeConfig:
     max_message_mb: float = 64.0  # larger requests get an error frame
     rowwise_noise: bool = True  # requests without noise: embodied eval's per-observation noise
     duration_s: float = 0.0  # > 0: stop after this long; 0: serve until Ctrl-C
+    key_map: dict[str, str] = field(default_factory=dict)  # a client's keys -> ours, e.g. {prompt: instruction}
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -67,7 +68,7 @@ def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
                            text_encoder=str(getattr(policy.unwrapped.config, "text_encoder", "")))
     api_key = os.environ[cfg.api_key_env] if cfg.api_key_env else cfg.api_key
     server = PolicyServer(served, cfg.host, cfg.port, metadata=meta, api_key=api_key or None,
-                          max_message_bytes=int(cfg.max_message_mb * 2**20))
+                          max_message_bytes=int(cfg.max_message_mb * 2**20), key_map=cfg.key_map)
     (out / "server.json").write_text(json.dumps({"url": server.url, "pid": os.getpid(), "metadata": meta}))
     print(f"serving {cfg.checkpoint} on {server.url}", flush=True)
     log.info("serving %s on %s (H=%d, Ta=%d, To=%d)%s", cfg.checkpoint, server.url, meta["horizon"],
