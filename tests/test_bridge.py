@@ -56,7 +56,6 @@ class LinearPolicy(Policy):
     def predict_chunk(self, obs_batch, noise=None):
         self.calls += 1
         s = np.asarray(obs_batch["state"], np.float32)
-        b = s.shape[0]
         base = np.tanh(s[:, -1, :DA] + s[:, 0, DA - 1:DA] + 0.01 * len(obs_batch["instruction"][0]))
         chunk = base[:, None, :] + 0.05 * np.arange(H, dtype=np.float32)[None, :, None]
         if noise is not None:
@@ -174,7 +173,7 @@ def test_wire_round_trip_matches_openpi_layout():
     for k in ("a", "s", "b"):
         assert back[k].dtype == obj[k].dtype and np.array_equal(back[k], obj[k])
     assert np.array_equal(back["f"], obj["f"], equal_nan=True) and back["f"].dtype == np.float32
-    # np.float64 is a Python float, which msgpack writes natively (as openpi's packer does); other scalars keep their type
+    # np.float64 is a Python float, which msgpack writes natively (so does openpi's packer); others keep their type
     assert back["n"] == 2.5 and back["i"] == -3 and type(back["i"]) is np.int64
     assert back["nested"][0]["x"].shape == (0, 4) and back["text"] == "hi" and back["raw"] == b"\x00\x01"
     # openpi's packer puts bin (bytes) keys in the array maps: {b"__ndarray__": True, b"data", b"dtype", b"shape"}

@@ -57,7 +57,7 @@ def served(tiny_checkpoint, tmp_path_factory):
 
 
 def test_identical_actions_local_served_and_in_robot_run(tiny_checkpoint, served, tmp_path):
-    """Same observations and noise: the same chunk locally, from ``embodied serve`` and inside ``embodied robot run``."""
+    """Same observations and noise: one chunk locally, from ``embodied serve`` and inside ``embodied robot run``."""
     from embodied.bridge.client import RemotePolicy
     from embodied.runtime.checkpoints import load_for_eval
     from embodied.runtime.evaluate import RowwisePolicy
@@ -79,11 +79,13 @@ def test_identical_actions_local_served_and_in_robot_run(tiny_checkpoint, served
     for noise_seed in ("null", "7"):  # the server's noise, and noise drawn and sent by the loop
         run = tmp_path / f"run_{noise_seed}"
         _cli("robot", "run", "robot=sim", "robot.task=reach", f"url={url}", "episodes=2", "loop.mode=lockstep",
-             "loop.rate_hz=0", f"loop.noise_seed={noise_seed}", "record_chunks=true", f"hydra.run.dir={run}", cwd=tmp_path)
+             "loop.rate_hz=0", f"loop.noise_seed={noise_seed}", "record_chunks=true", f"hydra.run.dir={run}",
+             cwd=tmp_path)
         z = np.load(run / "chunks.npz")
         assert len(z["t0"]) >= 2 * 60 // 2
         for i in range(len(z["t0"])):
-            row = {"state": z["state"][i: i + 1], "instruction": [str(z["instruction"][i])], "task": [str(z["task"][i])]}
+            row = {"state": z["state"][i: i + 1], "instruction": [str(z["instruction"][i])],
+                   "task": [str(z["task"][i])]}
             n = None if np.isnan(z["noise"][i]).all() else z["noise"][i: i + 1]
             assert (n is None) == (noise_seed == "null")
             assert np.array_equal(rowwise.predict_chunk(row, n)[0], z["chunk"][i]), i
@@ -114,7 +116,7 @@ def test_bridge_success_matches_eval_on_the_same_seeds(tiny_checkpoint, served, 
 
 
 def test_robot_run_against_a_simulator_process(served, tmp_path):
-    """``embodied robot sim-server`` (another process, a link with latency) driven by ``embodied robot run`` at 20 Hz."""
+    """``embodied robot sim-server`` (a process behind a link with latency) driven by ``embodied robot run`` at 20 Hz."""
     import socket
 
     url, _ = served

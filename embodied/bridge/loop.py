@@ -320,63 +320,16 @@ class ControlLoop:
                 if last_tick is not None:
                     report.periods_ms.append((tick - last_tick) * 1000)
                 last_tick = tick
-                try:
-                    obs = dict(self.robot.get_observation())
-                except RobotCommunicationError as e:
-                    report.events["robot_comm_errors"] += 1
-                    self._comm_hold(f"robot link: {e}", report)
+                obs = self._observe(history, instruction, task, report)
+                if obs is None:  # the robot did not answer: held, try again next tick
                     next_tick = self._wait_tick(next_tick, report)
                     continue
-                if instruction is not None:
-                    obs["instruction"] = instruction
-                if task is not None:
-                    obs["task"] = task
-                if not history:
-                    for _ in range(history.maxlen - 1):  # type: ignore[operator]
-                        history.append(obs)
-                history.append(obs)
                 if self.estop.triggered:
                     self._step_hold(obs, f"estop: {self.estop.reason}", report, t)
                     report.ended_by = "estop"
                     break
-                # chunks: collect what arrived, ask for the next one
-                if pending is not None:
-                    pending = self._collect(pending, schedule, t, report)
-                if pending is None and schedule.left(t) <= (cfg.prefetch_steps if cfg.mode == "realtime" else 0) \
-                        and time.monotonic() >= self._retry_at:
-                    pending = self._request(history, t, report)
-                    if cfg.mode == "lockstep" or schedule.cur is None and t == 0:  # no motion before a chunk
-                        pending = self._collect(pending, schedule, t, report, wait=True)
-                reason = ""
-                if self._connection_lost():
-                    reason = "policy server connection lost"
-                    schedule.clear()
-                wanted = None if reason else schedule.action(t)
-                if wanted is None and not reason:
-                    reason = "no action: waiting for a chunk" if pending is not None else "no action: no chunk"
-                sent = None
-                if wanted is not None:
-                    safe, kinds = self.safety.filter(wanted, obs.get("state"), self._last_sent)
-                    if safe is None:
-                        reason = f"refused: {kinds[0]}"
-                    else:
-                        self._hold_action = None
-                        try:
-                            sent = self._send(safe)
-                        except RobotCommunicationError as e:
-                            report.events["robot_comm_errors"] += 1
-                            self._comm_hold(f"robot link: {e}", report)
-                            next_tick = self._wait_tick(next_tick, report)
-                            continue
-                        if kinds or not np.array_equal(sent, wanted):
-                            report.interventions += 1
-                        self._after_step(obs, wanted, sent, {"step": t, "interventions": kinds}, report, tick)
-                if sent is None:
-                    try:
-                        self._step_hold(obs, reason, report, t, wanted)
-                    except RobotCommunicationError as e:
-                        report.events["robot_comm_errors"] += 1
-                        log.warning("hold command not confirmed: %s", e)
+                pending = self._chunks(pending, schedule, history, t, report)
+                self._command(obs, schedule, pending, t, report, tick)
                 if getattr(self.robot, "done", False):
                     report.ended_by = "done"
                     break
@@ -398,6 +351,71 @@ class ControlLoop:
             report.safety = dict(self.safety.counts)
             report.events["watchdog_trips"] = self._watchdog_trips
         return report
+
+    def _observe(self, history: deque, instruction: str | None, task: str | None,
+                 report: EpisodeReport) -> dict[str, Any] | None:
+        """The step's observation, pushed into the history (padded at the start); None after a link error."""
+        try:
+            obs = dict(self.robot.get_observation())
+        except RobotCommunicationError as e:
+            report.events["robot_comm_errors"] += 1
+            self._comm_hold(f"robot link: {e}", report)
+            return None
+        if instruction is not None:
+            obs["instruction"] = instruction
+        if task is not None:
+            obs["task"] = task
+        if not history:
+            for _ in range(history.maxlen - 1):  # type: ignore[operator]
+                history.append(obs)
+        history.append(obs)
+        return obs
+
+    def _chunks(self, pending: tuple | None, schedule: ChunkSchedule, history: deque, t: int,
+                report: EpisodeReport) -> tuple | None:
+        """Collect a chunk that arrived; ask for the next one when the current one is running out."""
+        cfg = self.config
+        if pending is not None:
+            pending = self._collect(pending, schedule, t, report)
+        low = cfg.prefetch_steps if cfg.mode == "realtime" else 0
+        if pending is None and schedule.left(t) <= low and time.monotonic() >= self._retry_at:
+            pending = self._request(history, t, report)
+            if cfg.mode == "lockstep" or (schedule.cur is None and t == 0):  # no motion before a first chunk
+                pending = self._collect(pending, schedule, t, report, wait=True)
+        return pending
+
+    def _command(self, obs: Mapping[str, Any], schedule: ChunkSchedule, pending: tuple | None, t: int,
+                 report: EpisodeReport, tick: float) -> None:
+        """Send the step's action through the safety layer, or hold the robot when there is none."""
+        reason, wanted = "", None
+        if self._connection_lost():
+            reason = "policy server connection lost"
+            schedule.clear()
+        else:
+            wanted = schedule.action(t)
+            if wanted is None:
+                reason = "no action: waiting for a chunk" if pending is not None else "no action: no chunk"
+        if wanted is not None:
+            safe, kinds = self.safety.filter(wanted, obs.get("state"), self._last_sent)
+            if safe is None:
+                reason = f"refused: {kinds[0]}"
+            else:
+                self._hold_action = None
+                try:
+                    sent = self._send(safe)
+                except RobotCommunicationError as e:
+                    report.events["robot_comm_errors"] += 1
+                    self._comm_hold(f"robot link: {e}", report)
+                    return
+                if kinds or not np.array_equal(sent, wanted):
+                    report.interventions += 1
+                self._after_step(obs, wanted, sent, {"step": t, "interventions": kinds}, report, tick)
+                return
+        try:
+            self._step_hold(obs, reason, report, t)
+        except RobotCommunicationError as e:
+            report.events["robot_comm_errors"] += 1
+            log.warning("hold command not confirmed: %s", e)
 
     def _wait_tick(self, next_tick: float, report: EpisodeReport) -> float:
         """Sleep until the next tick of the schedule; returns the tick after it."""
@@ -462,8 +480,7 @@ class ControlLoop:
         log.warning("chunk request at step %d failed: %s", t, why)
         return None
 
-    def _step_hold(self, obs: Mapping[str, Any], reason: str, report: EpisodeReport, t: int,
-                   wanted: np.ndarray | None = None) -> None:
+    def _step_hold(self, obs: Mapping[str, Any], reason: str, report: EpisodeReport, t: int) -> None:
         tick = time.monotonic()
         with self._send_lock:
             self._begin_hold(reason, report)

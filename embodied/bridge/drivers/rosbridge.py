@@ -66,7 +66,8 @@ class RosbridgeRobot(Robot):
             raise ValueError(f"control must be one of {CONTROLS}, got {control!r}")
         bad = [f for f in state_fields if f not in ("position", "velocity", "effort")]
         if bad or not state_fields:
-            raise ValueError(f"state_fields must be a non-empty list of position/velocity/effort, got {list(state_fields)}")
+            raise ValueError(f"state_fields must be a non-empty list of position/velocity/effort, "
+                             f"got {list(state_fields)}")
         n = len(joint_names)
         self.scale, self.offset = self._vector(scale, n, "scale"), self._vector(offset, n, "offset")
         if np.any(self.scale == 0):
@@ -125,8 +126,8 @@ class RosbridgeRobot(Robot):
 
     def connect(self) -> None:
         try:
-            self._conn = wire.ws_connect(self.url, compression=None, max_size=2**24, proxy=None, open_timeout=self.timeout_s,
-                                 ping_interval=None, close_timeout=1)
+            self._conn = wire.ws_connect(self.url, compression=None, max_size=2**24, proxy=None,
+                                         open_timeout=self.timeout_s, ping_interval=None, close_timeout=1)
         except (OSError, TimeoutError, WebSocketException) as e:
             raise RobotCommunicationError(f"no rosbridge at {self.url}: {type(e).__name__}: {e}") from None
         self._reader = threading.Thread(target=self._read, name="rosbridge-reader", daemon=True)
