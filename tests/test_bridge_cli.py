@@ -78,11 +78,11 @@ def test_identical_actions_local_served_and_in_robot_run(tiny_checkpoint, served
 
     for noise_seed in ("null", "7"):  # the server's noise, and noise drawn and sent by the loop
         run = tmp_path / f"run_{noise_seed}"
-        _cli("robot", "run", "robot=sim", "robot.task=reach", f"url={url}", "episodes=2", "loop.mode=lockstep",
+        _cli("robot", "run", "robot=sim", "robot.task=reach", f"url={url}", "episodes=1", "loop.mode=lockstep",
              "loop.rate_hz=0", f"loop.noise_seed={noise_seed}", "record_chunks=true", f"hydra.run.dir={run}",
              cwd=tmp_path)
         z = np.load(run / "chunks.npz")
-        assert len(z["t0"]) >= 2 * 60 // 2
+        assert len(z["t0"]) >= 60 // 2
         for i in range(len(z["t0"])):
             row = {"state": z["state"][i: i + 1], "instruction": [str(z["instruction"][i])],
                    "task": [str(z["task"][i])]}
@@ -116,7 +116,7 @@ def test_bridge_success_matches_eval_on_the_same_seeds(tiny_checkpoint, served, 
 
 
 def test_robot_run_against_a_simulator_process(served, tmp_path):
-    """``embodied robot sim-server`` (a process behind a link with latency) driven by ``embodied robot run`` at 20 Hz."""
+    """``embodied robot sim-server`` (a process behind a slow link) driven by ``embodied robot run`` at 20 Hz."""
     import socket
 
     url, _ = served

@@ -105,6 +105,25 @@ def _robot(cfg: RobotRunConfig, policy: Any) -> Any:
     return make_robot(cfg.robot["kind"], **kw)
 
 
+def _check_policy_answers(policy: Any, robot: Any, cfg: RobotRunConfig, task: str | None) -> None:
+    """Before any motion: the policy answers this robot's observation with a valid chunk (and is warm)."""
+    from embodied.core.policy import check_chunk, stack_history
+
+    obs = dict(robot.get_observation())
+    if cfg.instruction:
+        obs["instruction"] = cfg.instruction
+    if task:
+        obs["task"] = task
+    batch = stack_history([obs] * max(1, policy.n_obs_steps))
+    t = time.monotonic()
+    kw = {"timeout_s": cfg.connect_timeout_s} if cfg.url else {}
+    chunk = check_chunk(policy.predict_chunk(batch, **kw), 1)
+    if chunk.shape[2] != robot.action_spec.dim:
+        raise ValueError(f"the policy's actions have {chunk.shape[2]} dimensions, the robot takes "
+                         f"{robot.action_spec.dim}")
+    log.info("policy answered the robot's observation in %.0f ms: motion enabled", (time.monotonic() - t) * 1000)
+
+
 def _dataset(out: Path, robot: Any, policy: Any) -> Any:
     from embodied.runtime.data import Dataset, features_for
 
@@ -135,9 +154,10 @@ def run_robot(cfg: RobotRunConfig, out: Path) -> dict[str, Any]:
             check = getattr(policy, "check_spec", None)
             if check is not None:
                 check(robot.observation_spec, robot.action_spec)
+            task = getattr(robot, "task", None) or cfg.robot.get("task") or None
+            _check_policy_answers(policy, robot, cfg, task)
             dataset = _dataset(out, robot, policy) if cfg.record else None
             recorder = EpisodeRecorder(dataset) if dataset is not None else None
-            task = getattr(robot, "task", None) or cfg.robot.get("task") or None
 
             def on_step(obs: Any, wanted: Any, sent: np.ndarray, info: dict[str, Any]) -> None:
                 hold = wanted is None

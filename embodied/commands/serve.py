@@ -66,6 +66,7 @@ def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
     served = RowwisePolicy(policy) if cfg.rowwise_noise else policy
     meta = policy_metadata(policy, checkpoint=cfg.checkpoint,
                            text_encoder=str(getattr(policy.unwrapped.config, "text_encoder", "")))
+    _warm_up(served, meta)
     api_key = os.environ[cfg.api_key_env] if cfg.api_key_env else cfg.api_key
     server = PolicyServer(served, cfg.host, cfg.port, metadata=meta, api_key=api_key or None,
                           max_message_bytes=int(cfg.max_message_mb * 2**20), key_map=cfg.key_map)
@@ -86,6 +87,24 @@ def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
                "wall_time_s": time.monotonic() - t0}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+def _warm_up(policy: Any, meta: dict[str, Any]) -> None:
+    """One chunk from a blank observation before listening: the first request then costs what later ones do
+    (the text encoder and the kernels are loaded by now)."""
+    import numpy as np
+
+    to, size = meta["n_obs_steps"], meta["image_size"]
+    batch: dict[str, Any] = {"state": np.zeros((1, to, meta["state_dim"]), np.float32), "instruction": ["warm up"]}
+    if meta["tasks"]:
+        batch["task"] = [meta["tasks"][0]]
+    cams = meta["cameras"]
+    if size and cams:
+        blank = np.zeros((1, to, size, size, 3), np.uint8)
+        batch.update({"image": blank} if len(cams) == 1 else {"images": {c: blank for c in cams}})
+    t = time.monotonic()
+    policy.predict_chunk(batch)
+    log.info("warm-up chunk in %.0f ms", (time.monotonic() - t) * 1000)
 
 
 @hydra_command("serve", ServeConfig)
