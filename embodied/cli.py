@@ -16,6 +16,8 @@ COMMANDS = {
     "play": ("embodied.commands.play", "run one episode with your own instruction and save a video"),
     "bench": ("embodied.commands.bench", "measure simulation, rendering and policy speed"),
     "data": ("embodied.commands.data", "validate or repair an episode dataset (validate|repair path=DIR)"),
+    "serve": ("embodied.commands.serve", "serve a checkpoint's policy over websockets (openpi's wire format)"),
+    "robot": ("embodied.commands.robot", "run a policy on a robot through the bridge: run | bench | sim-server"),
 }
 
 

@@ -20,6 +20,10 @@ class RobotNotConnectedError(EmbodiedError, RuntimeError):
     """A command was sent to a robot that is not connected."""
 
 
+class RobotCommunicationError(EmbodiedError, ConnectionError):
+    """A robot that did not answer in time (a dropped or late message, a lost link)."""
+
+
 class Robot(abc.ABC):
     """A robot: observations in the project's format, actions in [-1, 1]^Da."""
 
@@ -43,6 +47,17 @@ class Robot(abc.ABC):
 
     @abc.abstractmethod
     def disconnect(self) -> None: ...
+
+    def safe_action(self) -> np.ndarray:
+        """The action (Da,) that puts the robot in its safe state from where it is now.
+
+        Hold position for position control (the current position), zero velocity for
+        velocity control; the bridge's safety layer sends it on a watchdog trip, an
+        e-stop and on exit. A driver must define it: the bridge refuses to move a robot
+        that has no safe state.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no safe_action(): the bridge will not move a "
+                                  "robot without a safe state")
 
     def __enter__(self) -> "Robot":
         self.connect()
@@ -69,7 +84,9 @@ class SimRobot(Robot):
         self._seed = seed
         self._obs: dict[str, Any] | None = None
         self.last_info: dict[str, Any] = {}
+        self.last_reward = 0.0
         self.done = False
+        self._last_sent: np.ndarray | None = None
         u = self._env.unwrapped
         self.observation_spec = u.observation_spec
         self.action_spec = u.action_spec
@@ -85,10 +102,14 @@ class SimRobot(Robot):
     def connect(self) -> None:
         self.reset()
 
-    def reset(self) -> dict[str, Any]:
+    def reset(self, seed: int | None = None) -> dict[str, Any]:
+        """Start the next episode (with ``seed``, else the previous seed plus one)."""
+        if seed is not None:
+            self._seed = int(seed)
         self._obs, self.last_info = self._env.reset(seed=self._seed)
         self._seed += 1
         self.done = False
+        self.last_reward, self._last_sent = 0.0, None
         return self._obs
 
     def _require(self) -> None:
@@ -108,9 +129,18 @@ class SimRobot(Robot):
         if not np.all(np.isfinite(a)):
             raise InvalidActionError(f"action contains NaN/inf: {a}")
         sent = np.clip(a, self.action_spec.low, self.action_spec.high)
-        self._obs, _, term, trunc, self.last_info = self._env.step(sent)
-        self.done = bool(term or trunc)
+        self._obs, reward, term, trunc, self.last_info = self._env.step(sent)
+        self.last_reward, self.done, self._last_sent = float(reward), bool(term or trunc), sent
         return sent
+
+    def safe_action(self) -> np.ndarray:
+        """Zero displacement/velocity; a ``gripper`` dimension keeps its last command (nothing is dropped)."""
+        a = np.zeros(self.action_spec.dim, np.float32)
+        if self._last_sent is not None:
+            for i, name in enumerate(self.action_spec.names):
+                if name == "gripper":
+                    a[i] = self._last_sent[i]
+        return a
 
     def disconnect(self) -> None:
         self._obs = None

@@ -29,6 +29,13 @@ def load_for_eval(checkpoint: str, device: str = "auto", num_inference_steps: in
     return policy
 
 
+def load_remote(url: str, api_key: str = "") -> Any:
+    """The policy served at ``url`` (``embodied serve``, or an openpi server) as a ``Policy``."""
+    from embodied.bridge.client import RemotePolicy
+
+    return RemotePolicy(url, api_key=api_key or None)
+
+
 def policy_env_kwargs(policy: Any, tasks: list[str]) -> dict[str, Any]:
     """Env arguments that give ``policy`` the observations it was trained on; checks specs."""
     from embodied.core.registry import make_env

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from embodied.core.registry import resolve_tasks
-from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
+from embodied.runtime.checkpoints import load_for_eval, load_remote, policy_env_kwargs
 from embodied.runtime.distributed import PolicySource, evaluate_sharded, ray_options
 from embodied.runtime.evaluate import (
     evaluate,
@@ -49,6 +49,8 @@ class EvalConfig:
     policy: dict[str, Any] = field(default_factory=lambda: {"name": "expert"})
     checkpoint: str = ""  # a checkpoint, or a folder of step_* checkpoints (RUN/checkpoints)
     checkpoints: list[str] = field(default_factory=list)  # several checkpoints, evaluated one after the other
+    url: str = ""  # policy=remote: the policy server, ws://HOST:PORT (embodied serve, or openpi's)
+    api_key: str = ""  # policy=remote: sent as `Authorization: Api-Key ...`
     episodes: int = 20  # per task and instruction split
     splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
     instructions: dict[str, list[str]] = field(default_factory=dict)  # task -> your own templates
@@ -75,7 +77,11 @@ class EvalConfig:
             raise ValueError("give checkpoint=PATH or checkpoints=[PATH,...], not both")
         if any(not str(c).strip() for c in self.checkpoints):
             raise ValueError(f"checkpoints must be checkpoint paths, got an empty one in {self.checkpoints}")
-        if not self.checkpoint and not self.checkpoints and name != "expert":
+        if (name == "remote") != bool(self.url):
+            raise ValueError(f"policy=remote and url=ws://HOST:PORT go together; got policy={name!r}, url={self.url!r}")
+        if name == "remote" and (self.checkpoint or self.checkpoints):
+            raise ValueError("policy=remote evaluates the server at url=...: do not also give checkpoint(s)")
+        if not self.checkpoint and not self.checkpoints and name not in ("expert", "remote"):
             raise ValueError(f"policy={name!r} cannot be evaluated without weights: give checkpoint=PATH "
                              "(the output of `embodied train`), or use policy=expert")
         if self.episodes < 1:
@@ -218,7 +224,7 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     metrics, results = _evaluate_one(cfg, tasks, instructions, cfg.checkpoint, cfg.videos, policy)
     videos = save_videos(out, results) if cfg.videos else {}
     metrics["videos"] = videos
-    metrics["policy"] = cfg.checkpoint or cfg.policy["name"]
+    metrics["policy"] = cfg.checkpoint or cfg.url or cfg.policy["name"]
     write_json(out / "metrics.json", metrics)
     write_report(out, metrics, f"Evaluation of {metrics['policy']}", videos)
     return metrics
@@ -251,6 +257,8 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
                   videos: int, policy: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One evaluation of ``policy``, else of ``checkpoint``, else of the experts."""
     env_kwargs: dict[str, Any] = {}
+    if policy is None and cfg.url:
+        policy = load_remote(cfg.url, cfg.api_key)
     if policy is None and checkpoint:
         policy = load_for_eval(checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions)
     if policy is None:
