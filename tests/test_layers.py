@@ -120,3 +120,11 @@ def test_the_cycle_check_finds_a_cycle():
     graph.add_import(importer="embodied.core.specs", imported="embodied.core.registry")
     graph.add_import(importer="embodied.core.registry", imported="embodied.core.specs")
     assert ["embodied.core.registry", "embodied.core.specs"] in cycles(graph)
+
+
+def test_the_robot_side_bridge_imports_no_policy_code(tmp_path):
+    tree = copy_tree(tmp_path)
+    loop = tree / "embodied" / "bridge" / "loop.py"
+    loop.write_text(loop.read_text() + "\n\ndef _violation():\n    import policies  # noqa\n")
+    r = lint_imports(tree)
+    assert r.returncode == 1 and "embodied.bridge.loop -> policies" in r.stdout
