@@ -16,6 +16,8 @@ COMMANDS = {
     "play": ("embodied.commands.play", "run one episode with your own instruction and save a video"),
     "bench": ("embodied.commands.bench", "measure simulation, rendering and policy speed"),
     "data": ("embodied.commands.data", "validate or repair an episode dataset (validate|repair path=DIR)"),
+    "prefer": ("embodied.commands.prefer", "learn a reward from preferences with any teacher (run|eval|plot)"),
+    "label": ("embodied.commands.label", "serve the labelling page: compare two clips, every answer saved at once"),
 }
 
 
