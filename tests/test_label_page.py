@@ -206,3 +206,50 @@ def test_label_page_in_chromium_survives_a_server_kill(tmp_path):
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
+
+
+def test_embodied_label_records_queries_with_frames_from_a_task(tmp_path):
+    from embodied.runtime.prefer import LabelConfig, record_queries
+
+    cfg = LabelConfig(labels=str(tmp_path / "s"), task="press-button", queries=3, episodes=1, candidates=2,
+                      segment_length=8, render_size=24)
+    store = record_queries(cfg, cfg.labels)
+    assert store.query_ids == [0, 1, 2] and all(store.has_frames(q) for q in store.query_ids)
+    q = store.query(0, frames=True)
+    assert q.left.frames.shape == (8, 24, 24, 3) and q.left.instruction == q.right.instruction
+    assert record_queries(cfg, cfg.labels).query_ids == [0, 1, 2, 3, 4, 5]  # more, from new episodes
+    with pytest.raises(ValueError, match="give task=NAME"):
+        LabelConfig(labels="x", queries=2)
+
+
+def test_a_person_teaches_the_prefer_loop_through_the_page(tmp_path):
+    import threading
+
+    from embodied.runtime.prefer import PreferConfig, run_prefer
+    from rewards.preference.model import RewardConfig
+
+    port = free_port()
+    cfg = PreferConfig(task="press-button", teacher="human", port=port, budget=4, rounds=2, episodes_per_round=1,
+                       candidates=2, heldout_episodes=1, heldout_pairs=10, eval_episodes=1, segment_length=8,
+                       oversample=2, render_size=16, reward=RewardConfig(hidden=8, epochs=1, ensemble=2),
+                       labels=str(tmp_path / "labels"))
+    out = {}
+    loop = threading.Thread(target=lambda: out.update(run_prefer(cfg, tmp_path)), daemon=True)
+    loop.start()
+    url, answered, deadline = f"http://127.0.0.1:{port}/", [], time.time() + 300
+    while len(answered) < 4 and time.time() < deadline:
+        try:
+            state = json.loads(get(url + "api/state")[1])
+        except OSError:  # not serving yet
+            time.sleep(0.2)
+            continue
+        if state.get("query"):
+            assert get(url + state["query"]["left"])[0] == 200
+            label = ("left", "right", "equal", "skip")[len(answered)]
+            assert post(url + "api/label", {"query": state["query"]["id"], "label": label})[0] == 200
+            answered.append(label)
+        time.sleep(0.1)
+    loop.join(timeout=300)
+    assert not loop.is_alive() and answered == ["left", "right", "equal", "skip"]
+    assert out["teacher"] == "human" and out["labels"]["answered"] == 4 and out["labels"]["skip"] == 1
+    assert out["curve"][-1]["labels"] == 3  # a skip trains nothing
