@@ -495,3 +495,24 @@ def test_embodied_prefer_run_eval_and_plot(tmp_path):
     assert (tmp_path / "plot" / "curve.png").stat().st_size > 1000
     r = cli("prefer", "teacher=god", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
     assert r.returncode == 2 and "teacher must be one of" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_registered_learner_drives_the_loop_through_the_learner_interface(tmp_path, monkeypatch):
+    from embodied.runtime import prefer
+
+    calls = []
+
+    class Recorder(prefer.RankingLearner):
+        def improve(self, reward):
+            calls.append(type(reward).__name__)
+            return super().improve(reward)
+
+        def evaluate(self, episodes, reward):
+            return {**super().evaluate(episodes, reward), "who": "recorder"}
+
+    monkeypatch.setitem(prefer.LEARNERS, "recorder",
+                        lambda cfg, frames: Recorder(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size))
+    m = prefer.run_prefer(tiny(tmp_path, learner="recorder", rounds=3, budget=6), tmp_path)
+    assert calls == ["PreferenceReward"] * 3 and m["policy"]["who"] == "recorder" and m["learner"] == "recorder"
+    with pytest.raises(ValueError, match="learner must be one of"):
+        tiny(tmp_path, learner="steering-not-yet")

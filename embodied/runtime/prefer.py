@@ -46,7 +46,6 @@ from rewards.preference.teachers import PRESETS, RewardModelTeacher, Teacher, ma
 log = logging.getLogger("embodied.prefer")
 ACTIONS = ("run", "eval", "plot")
 TEACHERS = (*PRESETS, "vlm", "human")
-LEARNERS = ("ranking",)
 HELDOUT_SEED = 1_000_000  # held-out episodes use seed + HELDOUT_SEED + k; evaluation + 2 * HELDOUT_SEED
 
 
@@ -90,7 +89,7 @@ class PreferConfig:
     def __post_init__(self) -> None:
         check_choice("action", self.action, ACTIONS)
         check_choice("teacher", self.teacher, TEACHERS)
-        check_choice("learner", self.learner, LEARNERS)
+        check_choice("learner", self.learner, tuple(LEARNERS))
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("selection", self.selection, SELECTIONS)
         check_choice("labels_on_malformed", self.labels_on_malformed, ON_MALFORMED)
@@ -170,8 +169,17 @@ def trajectory_return(reward: RewardModel, t: Trajectory) -> float:
 
 # ----------------------------------------------------------------------- learners
 class Learner(Protocol):
-    """What improves a policy with a reward. The steering learner (latent-noise steering of a
-    demonstration-trained policy, SB3 SAC on the noise) is meant to implement the same three calls."""
+    """What improves a policy with a reward, registered by name in ``LEARNERS``.
+
+    The steering learner (latent-noise steering of a demonstration-trained policy: SB3 SAC on the
+    initial noise w) is meant to implement the same three calls: ``rollout`` plays the steered
+    policy and returns its episodes (states, actions, ground-truth rewards, frames when asked);
+    ``improve`` runs SAC steps on w with ``reward`` (any ``RewardModel``, read through the
+    contract only); ``evaluate`` compares the policy steered with the learned reward to one
+    steered with the ground-truth reward for the same number of env steps. ``evaluate`` returns
+    at least ``success_learned``, ``success_ground_truth``, ``success_before``, ``episodes`` and
+    ``env_steps``.
+    """
 
     env_steps: int  # environment steps taken so far (the x-axis of a fair comparison)
 
@@ -236,8 +244,27 @@ class RankingLearner:
         return out
 
     def heldout(self, episodes: int) -> list[Trajectory]:
+        """Episodes of held-out seeds played by every candidate: the coverage distribution on which
+        any learned reward is judged (whatever the learner)."""
         base = self.seed + HELDOUT_SEED
         return [t for s in range(base, base + episodes) for t in self.episode(s)]
+
+
+#: learners by name: ``(cfg, frames) -> Learner``; ``learner=NAME`` picks one (steering registers here)
+LEARNERS: dict[str, Callable[[PreferConfig, bool], Learner]] = {}
+
+
+def register_learner(name: str) -> Callable[[Callable[[PreferConfig, bool], Learner]], Callable[[PreferConfig, bool], Learner]]:
+    def add(factory: Callable[[PreferConfig, bool], Learner]) -> Callable[[PreferConfig, bool], Learner]:
+        LEARNERS[name] = factory
+        return factory
+
+    return add
+
+
+@register_learner("ranking")
+def _ranking(cfg: PreferConfig, frames: bool) -> RankingLearner:
+    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size)
 
 
 # ---------------------------------------------------------------- reward quality
@@ -281,14 +308,15 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
         raise ValueError(f"segment_length={cfg.segment_length} is longer than {cfg.task}'s episodes "
                          f"({spec.max_episode_steps} steps)")
     frames = cfg.needs_frames
-    learner = RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size)
-    env = learner.env.unwrapped
+    learner = LEARNERS[cfg.learner](cfg, frames)
+    coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
+    env = coverage.env.unwrapped
     ds, da = len(env.privileged_state()), env.action_space.shape[0]
     store = LabelStore(cfg.labels or run_dir / "labels",
                        {"task": cfg.task, "state_dim": ds, "action_dim": da, "segment_length": cfg.segment_length},
                        cfg.labels_on_malformed)
     rng = np.random.default_rng(cfg.seed)
-    heldout = learner.heldout(cfg.heldout_episodes)
+    heldout = coverage.heldout(cfg.heldout_episodes)
     hpairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
     htargets = oracle_targets(hpairs)
     model = PreferenceReward(cfg.reward, ds, da, cfg.seed)
@@ -337,8 +365,8 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             server.stop()
     final = learner.evaluate(cfg.eval_episodes, model) if model.labels_seen else {}
     if final:
-        log.info("ranking learner, %d episodes x %d candidates: success %.2f with the learned reward, %.2f with "
-                 "the ground truth, %.2f before", final["episodes"], final["candidates"], final["success_learned"],
+        log.info("%s learner, %d episodes: success %.2f with the learned reward, %.2f with the ground truth, "
+                 "%.2f before", cfg.learner, final["episodes"], final["success_learned"],
                  final["success_ground_truth"], final["success_before"])
     return {"task": cfg.task, "teacher": teacher.name if teacher else cfg.teacher, "learner": cfg.learner,
             "labels_path": str(store.root), "labels": store.counts(), "reused_labels": reused, "curve": curve,
@@ -349,12 +377,14 @@ def evaluate_reward(cfg: PreferConfig) -> dict[str, Any]:
     """``embodied prefer eval``: held-out quality of a saved reward, its stored labels' accuracy
     (``labels=PATH``, e.g. a person's) and the ranking learner's success with it."""
     model = PreferenceReward.load(cfg.reward_path)
-    learner = RankingLearner(cfg.task, cfg.candidates, cfg.seed, model.cfg.input == "image", cfg.render_size)
-    env = learner.env.unwrapped
+    frames = model.cfg.input == "image"
+    learner = LEARNERS[cfg.learner](cfg, frames)
+    coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
+    env = coverage.env.unwrapped
     if len(env.privileged_state()) != model.state_dim:
         raise ValueError(f"reward {cfg.reward_path} reads {model.state_dim}-D states, task {cfg.task} has "
                          f"{len(env.privileged_state())}")
-    heldout = learner.heldout(cfg.heldout_episodes)
+    heldout = coverage.heldout(cfg.heldout_episodes)
     pairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
     out: dict[str, Any] = {"task": cfg.task, "reward_path": cfg.reward_path,
                            **reward_quality(model, pairs, oracle_targets(pairs), heldout)}
@@ -371,7 +401,9 @@ def evaluate_reward(cfg: PreferConfig) -> dict[str, Any]:
 
 
 def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
-    """Held-out accuracy and return Spearman vs labels, one line per run (its teacher)."""
+    """Held-out accuracy and return Spearman vs labels (mean over seeds, band: min to max), and the
+    learner's success with the learned reward, the ground truth and before improvement: one line
+    or bar group per (teacher, task)."""
     import json
 
     import matplotlib
@@ -379,28 +411,54 @@ def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    table = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         p = Path(run) / "metrics.json"
         if not p.is_file():
             raise FileNotFoundError(f"{p} does not exist: give directories of finished `embodied prefer` runs")
         m = json.loads(p.read_text())
-        pts = [c for c in m["curve"] if "accuracy" in c]
-        xs = [c["labels"] for c in pts]
-        name = f"{m['teacher']} ({m['task']})"
+        groups.setdefault(f"{m['teacher']} ({m['task']})", []).append(m)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    table: dict[str, Any] = {}
+    for name, ms in groups.items():
+        pts: dict[int, list[dict[str, Any]]] = {}
+        for m in ms:
+            for c in m["curve"]:
+                if "accuracy" in c:
+                    pts.setdefault(c["labels"], []).append(c)
+        xs = sorted(pts)
+        row: dict[str, Any] = {"seeds": len(ms), "labels": xs}
         for ax, key in zip(axes, ("accuracy", "return_spearman")):
-            ax.plot(xs, [c[key] for c in pts], marker="o", label=name)
-        table[name] = [{k: c[k] for k in ("labels", "accuracy", "ece", "return_spearman")} for c in pts]
-    for ax, title in zip(axes, ("held-out preference accuracy", "Spearman: learned vs true return")):
+            v = [[c[key] for c in pts[x]] for x in xs]
+            mean = [float(np.mean(a)) for a in v]
+            line, = ax.plot(xs, mean, marker="o", label=f"{name}, {len(ms)} seed(s)")
+            ax.fill_between(xs, [min(a) for a in v], [max(a) for a in v], color=line.get_color(), alpha=0.15)
+            row[key] = mean
+        row["ece"] = [float(np.mean([c["ece"] for c in pts[x]])) for x in xs]
+        pol = [m["policy"] for m in ms if m.get("policy")]
+        if pol:
+            row["success"] = {k: float(np.mean([q[k] for q in pol]))
+                              for k in ("success_before", "success_learned", "success_ground_truth")}
+            row["env_steps"] = [q["env_steps"] for q in pol]
+        table[name] = row
+    for ax, title in zip(axes, ("held-out preference accuracy", "Spearman: learned vs true episode return")):
         ax.set_xlabel("labels")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(fontsize=8)
+    names = [n for n in table if "success" in table[n]]
+    for j, (key, label) in enumerate((("success_before", "before (random candidate)"),
+                                      ("success_learned", "learned reward"),
+                                      ("success_ground_truth", "ground-truth reward"))):
+        axes[2].bar(np.arange(len(names)) + (j - 1) * 0.27, [table[n]["success"][key] for n in names], 0.27,
+                    label=label)
+    axes[2].set_xticks(np.arange(len(names)), names, rotation=20, ha="right", fontsize=8)
+    axes[2].set_title("success of the ranking learner (same trajectories)")
+    axes[2].set_ylim(0, 1.05)
+    axes[2].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     return {"figure": str(out), "runs": table}
-
 
 
 # ---------------------------------------------------------------------- label page
