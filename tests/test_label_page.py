@@ -217,6 +217,7 @@ def test_embodied_label_records_queries_with_frames_from_a_task(tmp_path):
     assert store.query_ids == [0, 1, 2] and all(store.has_frames(q) for q in store.query_ids)
     q = store.query(0, frames=True)
     assert q.left.frames.shape == (8, 24, 24, 3) and q.left.instruction == q.right.instruction
+    store.close()
     assert record_queries(cfg, cfg.labels).query_ids == [0, 1, 2, 3, 4, 5]  # more, from new episodes
     with pytest.raises(ValueError, match="give task=NAME"):
         LabelConfig(labels="x", queries=2)

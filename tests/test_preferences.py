@@ -246,6 +246,7 @@ def test_a_truncated_last_line_is_reported_by_number_and_can_be_quarantined(tmp_
     with pytest.raises(LabelFileError, match=r"line 3: truncated") as e:
         LabelStore(tmp_path / "s", META)
     assert [n for n, _ in e.value.problems] == [3]
+    store.close()  # quarantining rewrites the file: it needs to be the one writer
     kept = LabelStore(tmp_path / "s", META, on_malformed="quarantine")
     assert sorted(kept.by_query) == [0, 1] and kept.pending() == [2, 3]
     rejected = [json.loads(x) for x in (tmp_path / "s" / "labels.rejected.jsonl").read_text().splitlines()]
@@ -269,6 +270,17 @@ def test_every_malformed_line_is_reported_with_its_number(tmp_path):
                     (6, "not a JSON object"), (7, "query 0 was already labelled on line 1"), (8, "non-negative"),
                     (9, "'teacher' must be a string")]:
         assert word in rows[n], rows[n]
+
+
+def test_a_second_writer_is_refused_until_the_first_closes(tmp_path):
+    first = new_store(tmp_path / "s", n=2)
+    second = LabelStore(tmp_path / "s", META)  # reading is fine
+    assert second.pending() == [0, 1]
+    with pytest.raises(LabelStoreError, match=f"another writer \\(pid {os.getpid()}\\)"):
+        second.add_label(0, "left", "human")
+    first.close()
+    second.add_label(0, "left", "human")
+    assert LabelStore(tmp_path / "s", META).by_query[0]["label"] == "left"
 
 
 def test_a_dead_writers_unfinished_query_file_is_removed(tmp_path):
@@ -437,6 +449,7 @@ def test_queries_an_interrupted_run_posed_are_answered_first(tmp_path):
     store = LabelStore(tmp_path / "labels")
     old = store.query(0)
     store.add_query(Query(old.left, old.right))  # posed, never answered
+    store.close()
     m = run_prefer(tiny(tmp_path, budget=2, rounds=1), tmp_path)
     assert m["labels"]["answered"] == 7 and m["labels"]["queries"] == 7 and m["curve"][0]["asked"] == 3
 

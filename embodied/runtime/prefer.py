@@ -363,6 +363,7 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     finally:
         if server is not None:
             server.stop()
+        store.close()
     final = learner.evaluate(cfg.eval_episodes, model) if model.labels_seen else {}
     if final:
         log.info("%s learner, %d episodes: success %.2f with the learned reward, %.2f with the ground truth, "
@@ -529,4 +530,5 @@ def serve_labels(cfg: LabelConfig) -> dict[str, Any]:
     finally:
         signal.signal(signal.SIGTERM, old)
         server.stop()
+        store.close()
     return {"labels_path": str(store.root), "url": server.url, **store.counts(), "pending": len(store.pending())}

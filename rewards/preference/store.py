@@ -14,12 +14,15 @@ before the call returns (so a page or loop that got an answer acknowledged can c
 any point without losing it). On open every line is checked; a malformed or truncated
 line is never skipped silently: the store refuses to open, listing each bad line by
 number, unless asked to quarantine them (``on_malformed="quarantine"``), which moves them
-verbatim to ``labels.rejected.jsonl`` and keeps the rest. One writing process at a time
-(threads of that process may share a store).
+verbatim to ``labels.rejected.jsonl`` and keeps the rest. One writer at a time: the first
+write takes an exclusive lock on ``PATH/lock`` (released by ``close``, or by the kernel when
+the process dies), and a second writer is refused with the first one's pid; threads of the
+writing process share its store.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -116,12 +119,14 @@ class LabelStore:
         self.root = Path(path)
         self.labels_path = self.root / "labels.jsonl"
         self._lock = threading.Lock()
+        self._lock_fd: int | None = None
         self._queries: dict[int, Query] = {}
         if not (self.root / "meta.json").is_file():
             if meta is None:
                 raise LabelStoreError(f"no label store at {self.root} (meta.json missing); create one with "
                                       "`embodied prefer labels=PATH` or `embodied label labels=PATH task=NAME`")
             (self.root / "queries").mkdir(parents=True, exist_ok=True)
+            self._claim()
             self.meta = {"format": FORMAT, **{k: meta[k] for k in MATCHED if k in meta}}
             _atomic_write(self.root / "meta.json", json.dumps(self.meta, indent=2).encode())
         else:
@@ -134,6 +139,31 @@ class LabelStore:
         self._read_labels(on_malformed)
 
     # ------------------------------------------------------------------ open
+    def _claim(self) -> None:
+        """Become the store's one writer (an exclusive ``flock`` on PATH/lock), or say who is."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LabelStoreError(f"another writer (pid {other}) holds the label store {self.root}: one writer at "
+                                  "a time (stop it, or answer through its label page)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Give up the writer's lock (reading goes on working)."""
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def __del__(self) -> None:
+        self.close()
+
     def _read_meta(self, want: Mapping[str, Any] | None) -> dict[str, Any]:
         p = self.root / "meta.json"
         try:
@@ -212,6 +242,7 @@ class LabelStore:
         self.by_query = {rec["query"]: rec for rec in self.records}
 
     def _quarantine(self, bad: list[tuple[int, bytes, str]], good: list[bytes]) -> None:
+        self._claim()
         rejected = self.root / "labels.rejected.jsonl"
         with open(rejected, "ab") as f:
             for n, b, why in bad:
@@ -238,6 +269,7 @@ class LabelStore:
             meta[side] = {"instruction": seg.instruction, "info": seg.info}
         arrays["__meta__"] = np.array(json.dumps(meta, default=str))
         with self._lock:
+            self._claim()
             qid = self.query_ids[-1] + 1 if self.query_ids else 0
             _atomic_write(self.root / "queries" / f"q_{qid:06d}.npz", arrays=arrays)
             self.query_ids.append(qid)
@@ -276,6 +308,7 @@ class LabelStore:
         if label not in LABELS:
             raise ValueError(f"label must be one of {LABELS}, got {label!r}")
         with self._lock:
+            self._claim()
             if qid not in self.query_ids:
                 raise LabelStoreError(f"query {qid} is not in {self.root}")
             old = self.by_query.get(qid)
