@@ -454,6 +454,15 @@ def test_queries_an_interrupted_run_posed_are_answered_first(tmp_path):
     assert m["labels"]["answered"] == 7 and m["labels"]["queries"] == 7 and m["curve"][0]["asked"] == 3
 
 
+def test_the_loop_learns_an_image_reward_from_rendered_frames(tmp_path):
+    from embodied.runtime.prefer import run_prefer
+
+    m = run_prefer(tiny(tmp_path, budget=4, rounds=2, render_size=16,
+                        reward=RewardConfig(input="image", hidden=8, epochs=1, ensemble=2, image_size=8)), tmp_path)
+    assert m["labels"]["answered"] == 4 and 0 <= m["final"]["accuracy"] <= 1
+    assert PreferenceReward.load(tmp_path / "reward.pt").inputs == frozenset({"frames"})
+
+
 def test_prefer_settings_are_checked_with_the_allowed_values():
     from embodied.runtime.prefer import PreferConfig
 

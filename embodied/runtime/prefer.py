@@ -338,7 +338,7 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             if teacher is None:  # B-Pref's margin: mean episode return scaled to a segment
                 margin = float(np.mean([t.ret for t in pool])) * cfg.segment_length / spec.max_episode_steps
                 teacher = make_teacher(cfg, margin, server)
-            asked = [store.query(q) for q in store.pending()]  # posed by an interrupted run: answer them first
+            asked = [store.query(q, frames) for q in store.pending()]  # posed by an interrupted run: answer them first
             if n:
                 cands = sample_pairs(pool, n * cfg.oversample, cfg.segment_length, rng)
                 probs = model.predict(cands) if model.labels_seen else None
@@ -349,7 +349,7 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             if not teacher.records_labels:
                 for q, a in zip(asked, answers):
                     store.add_label(q.id, a, teacher.name)
-            queries, targets = store.training_set()
+            queries, targets = store.training_set(frames=cfg.reward.input == "image")
             fit = model.train(queries, targets) if queries else {}
             learner.improve(model)
             point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit,

@@ -335,10 +335,10 @@ class LabelStore:
         """Ids of the queries nobody has answered yet, oldest first."""
         return [q for q in self.query_ids if q not in self.by_query]
 
-    def training_set(self) -> tuple[list[Query], list[float]]:
-        """Every answered, non-skipped query and its target P[right ≻ left]."""
+    def training_set(self, frames: bool = False) -> tuple[list[Query], list[float]]:
+        """Every answered, non-skipped query (with its frames if asked) and its target P[right ≻ left]."""
         qs = [r["query"] for r in self.records if r["label"] != "skip"]
-        return [self.query(q) for q in qs], [TARGET[self.by_query[q]["label"]] for q in qs]
+        return [self.query(q, frames) for q in qs], [TARGET[self.by_query[q]["label"]] for q in qs]
 
     def counts(self) -> dict[str, int]:
         c = {k: 0 for k in LABELS}
