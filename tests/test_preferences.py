@@ -434,6 +434,7 @@ def test_the_loop_stores_every_label_and_a_second_run_reuses_them(tmp_path):
 
     m1 = run_prefer(tiny(tmp_path), tmp_path)
     assert m1["labels"]["answered"] == 12 and [c["labels"] for c in m1["curve"]] == [6, 12]
+    assert m1["final"]["teacher_accuracy"] == 1.0  # the oracle agrees with the ground truth
     assert {"accuracy", "ece", "return_spearman", "success_auroc"} <= set(m1["final"])
     assert 0 <= m1["policy"]["success_learned"] <= 1 and (tmp_path / "reward.pt").is_file()
     m2 = run_prefer(tiny(tmp_path, teacher="mistake", budget=6, rounds=1), tmp_path)

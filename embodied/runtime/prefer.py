@@ -329,6 +329,7 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     pool: list[Trajectory] = []
     curve: list[dict[str, Any]] = []
     teacher: Teacher | None = None
+    agree = [0, 0]  # strict answers of this run's teacher that match the ground truth, strict answers
     reused = len(store.training_set()[0])
     if reused:
         log.info("%s: reusing %d label(s) (%s)", store.root, reused, store.counts())
@@ -349,10 +350,15 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             if not teacher.records_labels:
                 for q, a in zip(asked, answers):
                     store.add_label(q.id, a, teacher.name)
+            for a, truth in zip(answers, oracle_targets(asked)):  # the teacher's label accuracy vs ground truth
+                if a in ("left", "right") and truth != 0.5:
+                    agree[0] += (a == "right") == (truth == 1.0)
+                    agree[1] += 1
             queries, targets = store.training_set(frames=cfg.reward.input == "image")
             fit = model.train(queries, targets) if queries else {}
             learner.improve(model)
             point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit,
+                     "teacher_accuracy": agree[0] / agree[1] if agree[1] else None,
                      **(reward_quality(model, hpairs, htargets, heldout) if queries else {}),
                      "env_steps": learner.env_steps}
             curve.append(point)
