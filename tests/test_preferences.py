@@ -435,6 +435,8 @@ def test_the_loop_stores_every_label_and_a_second_run_reuses_them(tmp_path):
     m1 = run_prefer(tiny(tmp_path), tmp_path)
     assert m1["labels"]["answered"] == 12 and [c["labels"] for c in m1["curve"]] == [6, 12]
     assert m1["final"]["teacher_accuracy"] == 1.0  # the oracle agrees with the ground truth
+    steps = [c["env_steps"] for c in m1["curve"]]  # the learner's own episodes only: 3 candidates x <= 60 steps
+    assert 0 < steps[0] <= 180 and steps[0] < steps[1] <= 360
     assert {"accuracy", "ece", "return_spearman", "success_auroc"} <= set(m1["final"])
     assert 0 <= m1["policy"]["success_learned"] <= 1 and (tmp_path / "reward.pt").is_file()
     m2 = run_prefer(tiny(tmp_path, teacher="mistake", budget=6, rounds=1), tmp_path)

@@ -228,7 +228,7 @@ class RankingLearner:
         return {}
 
     def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
-        base = self.seed + 2 * HELDOUT_SEED
+        base, before = self.seed + 2 * HELDOUT_SEED, self.env_steps
         picked, best, mean, steps = [], [], [], 0
         for s in range(base, base + episodes):
             trajs = self.episode(s)
@@ -237,6 +237,7 @@ class RankingLearner:
             picked.append(trajs[int(np.argmax(learned))].success)
             best.append(trajs[int(np.argmax([t.ret for t in trajs]))].success)
             mean.append(np.mean([t.success for t in trajs]))
+        self.env_steps = before
         out = {"success_learned": float(np.mean(picked)), "success_ground_truth": float(np.mean(best)),
                "success_before": float(np.mean(mean)), "episodes": episodes, "candidates": self.k,
                "env_steps": steps}  # the same trajectories for every reward: equal env steps
@@ -246,8 +247,10 @@ class RankingLearner:
     def heldout(self, episodes: int) -> list[Trajectory]:
         """Episodes of held-out seeds played by every candidate: the coverage distribution on which
         any learned reward is judged (whatever the learner)."""
-        base = self.seed + HELDOUT_SEED
-        return [t for s in range(base, base + episodes) for t in self.episode(s)]
+        base, steps = self.seed + HELDOUT_SEED, self.env_steps
+        out = [t for s in range(base, base + episodes) for t in self.episode(s)]
+        self.env_steps = steps  # judging the reward is not the learner's interaction
+        return out
 
 
 #: learners by name: ``(cfg, frames) -> Learner``; ``learner=NAME`` picks one (steering registers here)
@@ -330,9 +333,12 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     curve: list[dict[str, Any]] = []
     teacher: Teacher | None = None
     agree = [0, 0]  # strict answers of this run's teacher that match the ground truth, strict answers
-    reused = len(store.training_set()[0])
-    if reused:
+    old_queries, old_targets = store.training_set(frames=cfg.reward.input == "image")
+    reused = len(old_queries)
+    if reused:  # so that the first round's queries are already chosen by an informed ensemble
         log.info("%s: reusing %d label(s) (%s)", store.root, reused, store.counts())
+        model.train(old_queries, old_targets)
+    del old_queries
     try:
         for r, n in enumerate(schedule(cfg.budget, cfg.rounds, cfg.schedule)):
             pool += learner.rollout(cfg.episodes_per_round)
