@@ -201,6 +201,10 @@ def test_label_page_in_chromium_survives_a_server_kill(tmp_path):
         assert [(r["query"], r["label"]) for r in on_disk] == [(0, "left"), (1, "right"), (2, "equal"), (3, "skip"),
                                                                (4, "right")]
         assert {r["teacher"] for r in on_disk} == {"human"}
+        body().send_keys(Keys.ARROW_DOWN)
+        shown("done", 6)
+        assert driver.find_element(By.ID, "done").is_displayed()
+        assert driver.find_element(By.ID, "progress").text == "6 / 6 answered"
     finally:
         driver.quit()
         if server.poll() is None:

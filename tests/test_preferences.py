@@ -329,7 +329,8 @@ def test_the_image_reward_learns_from_frames():
         return Trajectory(np.zeros((12, 1), np.float32), np.zeros((12, 1), np.float32), level.astype(np.float32),
                           "make it bright", frames=frames)
 
-    train, test = sample_pairs([traj() for _ in range(30)], 120, 4, rng), sample_pairs([traj() for _ in range(20)], 200, 4, rng)
+    train = sample_pairs([traj() for _ in range(30)], 120, 4, rng)
+    test = sample_pairs([traj() for _ in range(20)], 200, 4, rng)
     model = PreferenceReward(RewardConfig(input="image", hidden=32, epochs=10, ensemble=1, image_size=8), 1, 1)
     model.train(train, oracle_targets(train))
     assert model.inputs == frozenset({"frames"})

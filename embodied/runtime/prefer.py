@@ -253,12 +253,13 @@ class RankingLearner:
         return out
 
 
-#: learners by name: ``(cfg, frames) -> Learner``; ``learner=NAME`` picks one (steering registers here)
-LEARNERS: dict[str, Callable[[PreferConfig, bool], Learner]] = {}
+LearnerFactory = Callable[[PreferConfig, bool], Learner]  # (cfg, record frames) -> Learner
+#: learners by name; ``learner=NAME`` picks one (steering registers here)
+LEARNERS: dict[str, LearnerFactory] = {}
 
 
-def register_learner(name: str) -> Callable[[Callable[[PreferConfig, bool], Learner]], Callable[[PreferConfig, bool], Learner]]:
-    def add(factory: Callable[[PreferConfig, bool], Learner]) -> Callable[[PreferConfig, bool], Learner]:
+def register_learner(name: str) -> Callable[[LearnerFactory], LearnerFactory]:
+    def add(factory: LearnerFactory) -> LearnerFactory:
         LEARNERS[name] = factory
         return factory
 
@@ -511,7 +512,8 @@ def record_queries(cfg: LabelConfig, store_path: str) -> LabelStore:
     store = LabelStore(store_path, meta, cfg.labels_on_malformed)
     learner.next_seed = cfg.seed + 3 * HELDOUT_SEED + len(store.query_ids)  # fresh episodes for every call
     trajs = learner.rollout(cfg.episodes)
-    for q in sample_pairs(trajs, cfg.queries, cfg.segment_length, np.random.default_rng([cfg.seed, len(store.query_ids)])):
+    rng = np.random.default_rng([cfg.seed, len(store.query_ids)])
+    for q in sample_pairs(trajs, cfg.queries, cfg.segment_length, rng):
         store.add_query(q)
     return store
 

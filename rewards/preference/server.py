@@ -201,7 +201,7 @@ PAGE = """<!doctype html>
  <button id="btn-equal">↓ equally good</button> <button id="btn-skip">skip (s)</button>
  <div>query <span id="query-id">–</span> · keys: ← a 1 · → d 2 · ↓ e = · s space</div>
 </div>
-<div id="done" hidden>All queries are answered. Thank you — you can close this page.</div>
+<div id="done" hidden>All queries are answered. Thank you — new ones appear here when they are posed.</div>
 <div id="status"></div>
 <script>
 "use strict";
@@ -211,7 +211,11 @@ function status(text, error) { $("status").textContent = text; $("status").class
 function show(s) {
   $("progress").textContent = s.answered + " / " + s.total + " answered";
   document.body.dataset.answered = s.answered;
-  if (s.done) { current = null; $("task").hidden = true; $("done").hidden = false; document.body.dataset.query = "done"; return; }
+  if (s.done) {
+    current = null; $("task").hidden = true; $("done").hidden = false; document.body.dataset.query = "done";
+    setTimeout(refresh, 2000);  // a running `embodied prefer` may pose more queries
+    return;
+  }
   $("task").hidden = false; $("done").hidden = true;
   if (!current || current.id !== s.query.id) {
     current = s.query;
@@ -229,7 +233,9 @@ async function send() {
     const r = await fetch("/api/label", {method: "POST", headers: {"Content-Type": "application/json"},
                                          body: JSON.stringify(outbox)});
     const m = await r.json();
-    if (r.ok) { status("saved: query " + outbox.query + " → " + outbox.label); outbox = null; busy = false; show(m.state); return; }
+    if (r.ok) {
+      status("saved: query " + outbox.query + " → " + outbox.label); outbox = null; busy = false; show(m.state); return;
+    }
     outbox = null; busy = false; status(m.error || ("error " + r.status), true); if (m.state) show(m.state);
   } catch (e) {
     status("Server unreachable — your answer for query " + outbox.query + " is not saved yet; retrying…", true);

@@ -169,7 +169,8 @@ class LabelStore:
         try:
             meta = json.loads(p.read_text())
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-                raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else meta!r}, expected {FORMAT}")
+                found = meta.get("format") if isinstance(meta, dict) else meta
+                raise ValueError(f"format {found!r}, expected {FORMAT}")
         except (OSError, ValueError) as e:
             raise LabelStoreError(f"{p} is unreadable: {e}") from None
         diffs = [f"{k}: store has {meta.get(k)!r}, this run has {want[k]!r}"
