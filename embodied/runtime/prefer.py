@@ -1,9 +1,9 @@
 """``embodied prefer``: learn a reward from preferences with any teacher, and improve a policy with it.
 
-    embodied prefer task=reach teacher=oracle budget=200            # simulated teacher (B-Pref presets)
-    embodied prefer task=reach teacher=mistake labels=labels/reach   # reuse and extend a label store
-    embodied prefer task=reach teacher=human render=true             # a person, on the label page
-    embodied prefer eval task=reach reward_path=outputs/prefer/.../reward.pt
+    embodied prefer task=press-button teacher=oracle                   # simulated teacher (B-Pref presets)
+    embodied prefer task=press-button teacher=mistake labels=labels/pb  # reuse and extend a label store
+    embodied prefer task=press-button teacher=human budget=40           # a person, on the label page
+    embodied prefer eval task=press-button reward_path=outputs/prefer/.../reward.pt
     embodied prefer plot runs=[outputs/prefer/a,outputs/prefer/b] out=curve.png
 
 One round (PEBBLE's loop, with the learner behind ``Learner``):
@@ -54,7 +54,7 @@ class PreferConfig:
     """Schema of ``configs/prefer.yaml``."""
 
     action: str = "run"  # run | eval | plot
-    task: str = "reach"
+    task: str = "press-button"
     teacher: str = "oracle"  # a B-Pref preset (oracle, stochastic, mistake, skip, equal, myopic), vlm or human
     beta: Optional[float] = None  # override the preset's rationality (B-Pref β)
     gamma: Optional[float] = None  # ... its myopic discount
@@ -65,19 +65,19 @@ class PreferConfig:
     abstain: float = 0.0  # teacher=vlm: skip when the two clips' scores differ by less than this
     labels: str = ""  # label store directory (reused and extended); default <run dir>/labels
     labels_on_malformed: str = "raise"  # raise (name each bad line) | quarantine (move them aside)
-    budget: int = 200  # labels asked in this run
-    rounds: int = 5
+    budget: int = 300  # labels asked in this run
+    rounds: int = 6
     schedule: str = "constant"  # constant | hyperbolic | inverse_quadratic
     selection: str = "disagreement"  # uniform | disagreement | entropy
     oversample: int = 10  # candidate pairs per label asked
     segment_length: int = 25  # steps per segment
-    episodes_per_round: int = 4  # learner episodes per round (the ranking learner plays each with every candidate)
+    episodes_per_round: int = 3  # learner episodes per round (the ranking learner plays each with every candidate)
     reward: RewardConfig = field(default_factory=RewardConfig)
     learner: str = "ranking"
     candidates: int = 8  # ranking learner: behaviours per episode
     heldout_episodes: int = 10
     heldout_pairs: int = 400
-    eval_episodes: int = 20
+    eval_episodes: int = 30
     render: bool = False  # record frames (forced on for the vlm and human teachers and image rewards)
     render_size: int = 64
     port: int = 8765  # teacher=human: the label page's port (loopback)

@@ -39,12 +39,12 @@ class RewardConfig:
 
     input: str = "state"  # state | state_action | image (frames)
     ensemble: int = 3  # members (PEBBLE: 3)
-    hidden: int = 256
+    hidden: int = 128
     text_dim: int = 32  # hashed bag-of-words instruction features; 0 ignores the instruction
     image_size: int = 32  # frames are average-pooled to this side for the image net
     lr: float = 3e-4
     weight_decay: float = 1e-4
-    epochs: int = 50  # passes over the labelled pairs per training call
+    epochs: int = 20  # passes over the labelled pairs per training call (the loop trains on, round after round)
     batch_size: int = 64
     smoothing: float = 0.05  # label smoothing α
 
