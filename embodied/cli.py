@@ -18,6 +18,8 @@ COMMANDS = {
     "data": ("embodied.commands.data", "validate or repair an episode dataset (validate|repair path=DIR)"),
     "serve": ("embodied.commands.serve", "serve a checkpoint's policy over websockets (openpi's wire format)"),
     "robot": ("embodied.commands.robot", "run a policy on a robot through the bridge: run | bench | sim-server"),
+    "prefer": ("embodied.commands.prefer", "learn a reward from preferences with any teacher (run|eval|plot)"),
+    "label": ("embodied.commands.label", "serve the labelling page: compare two clips, every answer saved at once"),
 }
 
 

@@ -1,0 +1,548 @@
+"""``embodied prefer``: learn a reward from preferences with any teacher, and improve a policy with it.
+
+    embodied prefer task=press-button teacher=oracle                   # simulated teacher (B-Pref presets)
+    embodied prefer task=press-button teacher=mistake labels=labels/pb  # reuse and extend a label store
+    embodied prefer task=press-button teacher=human budget=40           # a person, on the label page
+    embodied prefer eval task=press-button reward_path=outputs/prefer/.../reward.pt
+    embodied prefer plot runs=[outputs/prefer/a,outputs/prefer/b] out=curve.png
+
+One round (PEBBLE's loop, with the learner behind ``Learner``):
+  1. the learner rolls out episodes (with its current reward) -> trajectories join the pool;
+  2. candidate pairs of segments are drawn from the pool (``oversample`` × the round's labels)
+     and the most informative are kept (``rewards.preference.queries``);
+  3. each query is written to the store, the teacher answers, each answer is appended;
+  4. the ensemble is trained on every label in the store (earlier runs' included);
+  5. the learner improves with the new reward; held-out reward quality is recorded.
+
+Held-out quality (per round, in ``metrics.json["curve"]``): preference accuracy and ECE on
+pairs from held-out episodes labelled by the exact ground truth, Spearman of learned vs
+ground-truth episode return, and success AUROC of the learned return.
+
+Episodes that end in success before the time limit are padded to it with their final step
+(an absorbing state), so that a segment or return never favours failing slowly over
+succeeding quickly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from embodied.core.registry import get_task, make_env
+from embodied.core.reward import RewardModel
+from rewards.preference import metrics as M
+from rewards.preference.model import PreferenceReward, RewardConfig
+from rewards.preference.queries import SCHEDULES, SELECTIONS, check_choice, schedule, select
+from rewards.preference.segments import Query, Trajectory, sample_pairs
+from rewards.preference.store import ON_MALFORMED, LabelStore
+from rewards.preference.teachers import PRESETS, RewardModelTeacher, Teacher, make_simulated
+
+log = logging.getLogger("embodied.prefer")
+ACTIONS = ("run", "eval", "plot")
+TEACHERS = (*PRESETS, "vlm", "human")
+HELDOUT_SEED = 1_000_000  # held-out episodes use seed + HELDOUT_SEED + k; evaluation + 2 * HELDOUT_SEED
+
+
+@dataclass
+class PreferConfig:
+    """Schema of ``configs/prefer.yaml``."""
+
+    action: str = "run"  # run | eval | plot
+    task: str = "press-button"
+    teacher: str = "oracle"  # a B-Pref preset (oracle, stochastic, mistake, skip, equal, myopic), vlm or human
+    beta: Optional[float] = None  # override the preset's rationality (B-Pref β)
+    gamma: Optional[float] = None  # ... its myopic discount
+    eps: Optional[float] = None  # ... its mistake probability
+    skip: Optional[float] = None  # ... its skip threshold (fraction of the segment-return margin)
+    equal: Optional[float] = None  # ... its equal threshold (fraction of the margin)
+    vlm_reward: str = ""  # teacher=vlm: "module:factory" returning a RewardModel that reads frames
+    abstain: float = 0.0  # teacher=vlm: skip when the two clips' scores differ by less than this
+    labels: str = ""  # label store directory (reused and extended); default <run dir>/labels
+    labels_on_malformed: str = "raise"  # raise (name each bad line) | quarantine (move them aside)
+    budget: int = 300  # labels asked in this run
+    rounds: int = 6
+    schedule: str = "constant"  # constant | hyperbolic | inverse_quadratic
+    selection: str = "disagreement"  # uniform | disagreement | entropy
+    oversample: int = 10  # candidate pairs per label asked
+    segment_length: int = 25  # steps per segment
+    episodes_per_round: int = 3  # learner episodes per round (the ranking learner plays each with every candidate)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    learner: str = "ranking"
+    candidates: int = 8  # ranking learner: behaviours per episode
+    heldout_episodes: int = 10
+    heldout_pairs: int = 400
+    eval_episodes: int = 30
+    render: bool = False  # record frames (forced on for the vlm and human teachers and image rewards)
+    render_size: int = 64
+    port: int = 8765  # teacher=human: the label page's port (loopback)
+    seed: int = 0
+    reward_path: str = ""  # action=eval: a reward written by `embodied prefer` (reward.pt)
+    runs: list[str] = field(default_factory=list)  # action=plot: run directories
+    out: str = ""  # action=plot: the figure's path; default <run dir>/curve.png
+
+    def __post_init__(self) -> None:
+        check_choice("action", self.action, ACTIONS)
+        check_choice("teacher", self.teacher, TEACHERS)
+        check_choice("learner", self.learner, tuple(LEARNERS))
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("selection", self.selection, SELECTIONS)
+        check_choice("labels_on_malformed", self.labels_on_malformed, ON_MALFORMED)
+        for name in ("rounds", "oversample", "segment_length", "episodes_per_round", "candidates",
+                     "heldout_episodes", "heldout_pairs", "eval_episodes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.budget < 0 or self.seed < 0:
+            raise ValueError(f"budget and seed must be >= 0, got budget={self.budget}, seed={self.seed}")
+        if self.teacher == "vlm" and ":" not in self.vlm_reward:
+            raise ValueError("teacher=vlm needs vlm_reward=module:factory (a callable returning a frame RewardModel)")
+        if self.action == "eval" and not self.reward_path:
+            raise ValueError("`embodied prefer eval` needs reward_path=PATH (the reward.pt of a prefer run)")
+        if self.action == "plot" and not self.runs:
+            raise ValueError("`embodied prefer plot` needs runs=[DIR,...] (prefer run directories)")
+        if isinstance(self.reward, dict):
+            self.reward = RewardConfig(**self.reward)
+
+    @property
+    def needs_frames(self) -> bool:
+        return self.render or self.teacher in ("vlm", "human") or self.reward.input == "image"
+
+
+# ------------------------------------------------------------------ trajectories
+def rollout(env: Any, seed: int, act: Callable[[Any, np.random.Generator], np.ndarray], frames: bool,
+            info: dict[str, Any]) -> tuple[Trajectory, int]:
+    """One episode with ``act(env, rng) -> action``; returns it padded to the time limit, and its real steps."""
+    obs, inf = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    u = env.unwrapped
+    states, actions, rewards, imgs = [], [], [], []
+    success, steps = bool(inf["success"]), 0
+    for _ in range(u.max_episode_steps):
+        a = np.asarray(act(u, rng), np.float32)
+        states.append(u.privileged_state())
+        if frames:
+            imgs.append(env.render())
+        obs, r, term, trunc, inf = env.step(a)
+        actions.append(a)
+        rewards.append(r)
+        steps += 1
+        success = success or bool(inf["success"])
+        if term or trunc:
+            break
+    for _ in range(u.max_episode_steps - steps):  # absorbing final step (see the module docstring)
+        states.append(states[-1]), actions.append(np.zeros_like(actions[-1])), rewards.append(rewards[-1])
+        if frames:
+            imgs.append(imgs[-1])
+    traj = Trajectory(np.array(states, np.float32), np.array(actions, np.float32), np.array(rewards, np.float32),
+                      u.instruction, success, np.array(imgs, np.uint8) if frames else None,
+                      {**info, "seed": seed, "steps": steps})
+    return traj, steps
+
+
+def candidate_behaviour(seed: int, k: int, action_dim: int) -> Callable[[Any, np.random.Generator], np.ndarray]:
+    """Behaviour k of episode ``seed``: the scripted expert with probability p, else a fixed random
+    push (plus noise); p and the push are drawn per (seed, k), so candidates range from expert to aimless."""
+    r = np.random.default_rng([seed, k, 7])
+    p, push = float(r.uniform(0.0, 1.0)), r.uniform(-1.0, 1.0, action_dim)
+
+    def act(u: Any, rng: np.random.Generator) -> np.ndarray:
+        if rng.random() < p:
+            return np.clip(u.expert_action(), -1, 1)
+        return np.clip(push + 0.3 * rng.normal(size=action_dim), -1, 1)
+
+    return act
+
+
+def trajectory_return(reward: RewardModel, t: Trajectory) -> float:
+    """Σ_t r̂ over a trajectory under any ``RewardModel`` (states for state rewards, frames for image ones)."""
+    states = t.states
+    if isinstance(reward, PreferenceReward) and reward.cfg.input == "state_action":
+        states = np.concatenate([t.states, t.actions], -1)
+    frames = t.frames if "frames" in reward.inputs else None
+    return float(np.sum(reward(frames, states if "states" in reward.inputs else None, t.instruction).reward))
+
+
+# ----------------------------------------------------------------------- learners
+class Learner(Protocol):
+    """What improves a policy with a reward, registered by name in ``LEARNERS``.
+
+    The steering learner (latent-noise steering of a demonstration-trained policy: SB3 SAC on the
+    initial noise w) is meant to implement the same three calls: ``rollout`` plays the steered
+    policy and returns its episodes (states, actions, ground-truth rewards, frames when asked);
+    ``improve`` runs SAC steps on w with ``reward`` (any ``RewardModel``, read through the
+    contract only); ``evaluate`` compares the policy steered with the learned reward to one
+    steered with the ground-truth reward for the same number of env steps. ``evaluate`` returns
+    at least ``success_learned``, ``success_ground_truth``, ``success_before``, ``episodes`` and
+    ``env_steps``.
+    """
+
+    env_steps: int  # environment steps taken so far (the x-axis of a fair comparison)
+
+    def rollout(self, episodes: int) -> list[Trajectory]:
+        """Play ``episodes`` new episodes with the current policy: the data queries are drawn from."""
+
+    def improve(self, reward: RewardModel) -> dict[str, Any]:
+        """Update the policy with the (new) reward; return what to log."""
+
+    def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
+        """Success of the policy improved with ``reward``, of the same with the ground-truth reward,
+        and of the policy before improvement, on the same held-out seeds and env steps."""
+
+
+class RankingLearner:
+    """Best-of-K: each episode is played by K candidate behaviours (``candidate_behaviour``) and the
+    policy's episode is the one the reward ranks highest — the zeroth-order form of steering (the
+    candidates play the role of K noise draws). Improvement needs no gradient step: a new reward
+    changes the ranking. Seeds fix each candidate's episode, so the learned and the ground-truth
+    reward rank the very same trajectories (equal env steps)."""
+
+    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int):
+        self.env = make_env(task, render_mode="rgb_array" if frames else None, render_size=render_size)
+        self.k, self.frames, self.next_seed = candidates, frames, seed
+        self.seed, self.env_steps = seed, 0
+        self.reward: RewardModel | None = None
+        self._cache: dict[tuple[int, int], Trajectory] = {}
+
+    def episode(self, seed: int) -> list[Trajectory]:
+        out = []
+        for k in range(self.k):
+            if (seed, k) not in self._cache:
+                act = candidate_behaviour(seed, k, self.env.action_space.shape[0])
+                self._cache[seed, k], steps = rollout(self.env, seed, act, self.frames, {"candidate": k})
+                self.env_steps += steps
+            out.append(self._cache[seed, k])
+        return out
+
+    def rollout(self, episodes: int) -> list[Trajectory]:
+        seeds = range(self.next_seed, self.next_seed + episodes)
+        self.next_seed += episodes
+        return [t for s in seeds for t in self.episode(s)]
+
+    def improve(self, reward: RewardModel) -> dict[str, Any]:
+        self.reward = reward
+        return {}
+
+    def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
+        base, before = self.seed + 2 * HELDOUT_SEED, self.env_steps
+        picked, best, mean, steps = [], [], [], 0
+        for s in range(base, base + episodes):
+            trajs = self.episode(s)
+            steps += sum(t.info["steps"] for t in trajs)
+            learned = [trajectory_return(reward, t) for t in trajs]
+            picked.append(trajs[int(np.argmax(learned))].success)
+            best.append(trajs[int(np.argmax([t.ret for t in trajs]))].success)
+            mean.append(np.mean([t.success for t in trajs]))
+        self.env_steps = before
+        out = {"success_learned": float(np.mean(picked)), "success_ground_truth": float(np.mean(best)),
+               "success_before": float(np.mean(mean)), "episodes": episodes, "candidates": self.k,
+               "env_steps": steps}  # the same trajectories for every reward: equal env steps
+        out["ratio"] = out["success_learned"] / out["success_ground_truth"] if out["success_ground_truth"] else None
+        return out
+
+    def heldout(self, episodes: int) -> list[Trajectory]:
+        """Episodes of held-out seeds played by every candidate: the coverage distribution on which
+        any learned reward is judged (whatever the learner)."""
+        base, steps = self.seed + HELDOUT_SEED, self.env_steps
+        out = [t for s in range(base, base + episodes) for t in self.episode(s)]
+        self.env_steps = steps  # judging the reward is not the learner's interaction
+        return out
+
+
+LearnerFactory = Callable[[PreferConfig, bool], Learner]  # (cfg, record frames) -> Learner
+#: learners by name; ``learner=NAME`` picks one (steering registers here)
+LEARNERS: dict[str, LearnerFactory] = {}
+
+
+def register_learner(name: str) -> Callable[[LearnerFactory], LearnerFactory]:
+    def add(factory: LearnerFactory) -> LearnerFactory:
+        LEARNERS[name] = factory
+        return factory
+
+    return add
+
+
+@register_learner("ranking")
+def _ranking(cfg: PreferConfig, frames: bool) -> RankingLearner:
+    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size)
+
+
+# ---------------------------------------------------------------- reward quality
+def oracle_targets(queries: Sequence[Query]) -> np.ndarray:
+    """Exact ground-truth preference P[right ≻ left] (0.5 on an exact tie)."""
+    return np.array([0.5 if q.left.ret == q.right.ret else float(q.right.ret > q.left.ret) for q in queries])
+
+
+def reward_quality(model: PreferenceReward, pairs: Sequence[Query], targets: np.ndarray,
+                   trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Held-out preference accuracy, ECE, return Spearman and success AUROC of a learned reward."""
+    p = model.predict(pairs).mean(0)
+    learned = np.array([trajectory_return(model, t) for t in trajs])
+    return {"accuracy": M.preference_accuracy(p, targets), "ece": M.expected_calibration_error(p, targets),
+            "return_spearman": M.spearman(learned, [t.ret for t in trajs]),
+            "success_auroc": M.auroc(learned, [t.success for t in trajs])}
+
+
+# ------------------------------------------------------------------------ teachers
+def make_teacher(cfg: PreferConfig, margin: float, server: Any = None) -> Teacher:
+    if cfg.teacher in PRESETS:
+        return make_simulated(cfg.teacher, margin, cfg.seed, beta=cfg.beta, gamma=cfg.gamma, eps=cfg.eps,
+                              skip=cfg.skip, equal=cfg.equal)
+    if cfg.teacher == "vlm":
+        module, _, attr = cfg.vlm_reward.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"vlm_reward={cfg.vlm_reward!r} cannot be loaded: {e}") from None
+        return RewardModelTeacher(factory(), cfg.abstain)
+    from rewards.preference.server import HumanTeacher
+
+    return HumanTeacher(server)
+
+
+# ---------------------------------------------------------------------------- loop
+def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
+    """The loop of the module docstring; writes the reward (``reward.pt``) each round."""
+    spec = get_task(cfg.task)
+    if cfg.segment_length > spec.max_episode_steps:
+        raise ValueError(f"segment_length={cfg.segment_length} is longer than {cfg.task}'s episodes "
+                         f"({spec.max_episode_steps} steps)")
+    frames = cfg.needs_frames
+    learner = LEARNERS[cfg.learner](cfg, frames)
+    coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
+    env = coverage.env.unwrapped
+    ds, da = len(env.privileged_state()), env.action_space.shape[0]
+    store = LabelStore(cfg.labels or run_dir / "labels",
+                       {"task": cfg.task, "state_dim": ds, "action_dim": da, "segment_length": cfg.segment_length},
+                       cfg.labels_on_malformed)
+    rng = np.random.default_rng(cfg.seed)
+    heldout = coverage.heldout(cfg.heldout_episodes)
+    hpairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
+    htargets = oracle_targets(hpairs)
+    model = PreferenceReward(cfg.reward, ds, da, cfg.seed)
+    server = None
+    if cfg.teacher == "human":
+        from rewards.preference.server import LabelServer
+
+        server = LabelServer(store, port=cfg.port).start()
+        log.info("label page: %s (answer there; every answer is saved at once)", server.url)
+    pool: list[Trajectory] = []
+    curve: list[dict[str, Any]] = []
+    teacher: Teacher | None = None
+    agree = [0, 0]  # strict answers of this run's teacher that match the ground truth, strict answers
+    old_queries, old_targets = store.training_set(frames=cfg.reward.input == "image")
+    reused = len(old_queries)
+    if reused:  # so that the first round's queries are already chosen by an informed ensemble
+        log.info("%s: reusing %d label(s) (%s)", store.root, reused, store.counts())
+        model.train(old_queries, old_targets)
+    del old_queries
+    try:
+        for r, n in enumerate(schedule(cfg.budget, cfg.rounds, cfg.schedule)):
+            pool += learner.rollout(cfg.episodes_per_round)
+            if teacher is None:  # B-Pref's margin: mean episode return scaled to a segment
+                margin = float(np.mean([t.ret for t in pool])) * cfg.segment_length / spec.max_episode_steps
+                teacher = make_teacher(cfg, margin, server)
+            asked = [store.query(q, frames) for q in store.pending()]  # posed by an interrupted run: answer them first
+            if n:
+                cands = sample_pairs(pool, n * cfg.oversample, cfg.segment_length, rng)
+                probs = model.predict(cands) if model.labels_seen else None
+                for q in select(cands, n, cfg.selection, probs):
+                    store.add_query(q)
+                    asked.append(q)
+            answers = teacher.label(asked) if asked else []
+            if not teacher.records_labels:
+                for q, a in zip(asked, answers):
+                    store.add_label(q.id, a, teacher.name)
+            for a, truth in zip(answers, oracle_targets(asked)):  # the teacher's label accuracy vs ground truth
+                if a in ("left", "right") and truth != 0.5:
+                    agree[0] += (a == "right") == (truth == 1.0)
+                    agree[1] += 1
+            queries, targets = store.training_set(frames=cfg.reward.input == "image")
+            fit = model.train(queries, targets) if queries else {}
+            learner.improve(model)
+            point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit,
+                     "teacher_accuracy": agree[0] / agree[1] if agree[1] else None,
+                     **(reward_quality(model, hpairs, htargets, heldout) if queries else {}),
+                     "env_steps": learner.env_steps}
+            curve.append(point)
+            log.info("round %d: %d labels, held-out accuracy %.3f, return Spearman %.3f", r, len(queries),
+                     point.get("accuracy", math.nan), point.get("return_spearman", math.nan))
+            if queries:
+                model.save(run_dir / "reward.pt")
+    finally:
+        if server is not None:
+            server.stop()
+        store.close()
+    final = learner.evaluate(cfg.eval_episodes, model) if model.labels_seen else {}
+    if final:
+        log.info("%s learner, %d episodes: success %.2f with the learned reward, %.2f with the ground truth, "
+                 "%.2f before", cfg.learner, final["episodes"], final["success_learned"],
+                 final["success_ground_truth"], final["success_before"])
+    return {"task": cfg.task, "teacher": teacher.name if teacher else cfg.teacher, "learner": cfg.learner,
+            "labels_path": str(store.root), "labels": store.counts(), "reused_labels": reused, "curve": curve,
+            "final": curve[-1] if curve else {}, "policy": final, "config": asdict(cfg)}
+
+
+def evaluate_reward(cfg: PreferConfig) -> dict[str, Any]:
+    """``embodied prefer eval``: held-out quality of a saved reward, its stored labels' accuracy
+    (``labels=PATH``, e.g. a person's) and the ranking learner's success with it."""
+    model = PreferenceReward.load(cfg.reward_path)
+    frames = model.cfg.input == "image"
+    learner = LEARNERS[cfg.learner](cfg, frames)
+    coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
+    env = coverage.env.unwrapped
+    if len(env.privileged_state()) != model.state_dim:
+        raise ValueError(f"reward {cfg.reward_path} reads {model.state_dim}-D states, task {cfg.task} has "
+                         f"{len(env.privileged_state())}")
+    heldout = coverage.heldout(cfg.heldout_episodes)
+    pairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
+    out: dict[str, Any] = {"task": cfg.task, "reward_path": cfg.reward_path,
+                           **reward_quality(model, pairs, oracle_targets(pairs), heldout)}
+    if cfg.labels:
+        store = LabelStore(cfg.labels, None, cfg.labels_on_malformed)
+        qs, ys = store.training_set()
+        if qs:
+            p = model.predict(qs).mean(0)
+            out["store_accuracy"] = M.preference_accuracy(p, np.array(ys))
+            out["store_ece"] = M.expected_calibration_error(p, np.array(ys))
+            out["store_labels"] = len(qs)
+    out["policy"] = learner.evaluate(cfg.eval_episodes, model)
+    return out
+
+
+def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
+    """Held-out accuracy and return Spearman vs labels (mean over seeds, band: min to max), and the
+    learner's success with the learned reward, the ground truth and before improvement: one line
+    or bar group per (teacher, task)."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        p = Path(run) / "metrics.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} does not exist: give directories of finished `embodied prefer` runs")
+        m = json.loads(p.read_text())
+        groups.setdefault(f"{m['teacher']} ({m['task']})", []).append(m)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    table: dict[str, Any] = {}
+    for name, ms in groups.items():
+        pts: dict[int, list[dict[str, Any]]] = {}
+        for m in ms:
+            for c in m["curve"]:
+                if "accuracy" in c:
+                    pts.setdefault(c["labels"], []).append(c)
+        xs = sorted(pts)
+        row: dict[str, Any] = {"seeds": len(ms), "labels": xs}
+        for ax, key in zip(axes, ("accuracy", "return_spearman")):
+            v = [[c[key] for c in pts[x]] for x in xs]
+            mean = [float(np.mean(a)) for a in v]
+            line, = ax.plot(xs, mean, marker="o", label=f"{name}, {len(ms)} seed(s)")
+            ax.fill_between(xs, [min(a) for a in v], [max(a) for a in v], color=line.get_color(), alpha=0.15)
+            row[key] = mean
+        row["ece"] = [float(np.mean([c["ece"] for c in pts[x]])) for x in xs]
+        pol = [m["policy"] for m in ms if m.get("policy")]
+        if pol:
+            row["success"] = {k: float(np.mean([q[k] for q in pol]))
+                              for k in ("success_before", "success_learned", "success_ground_truth")}
+            row["env_steps"] = [q["env_steps"] for q in pol]
+        table[name] = row
+    for ax, title in zip(axes, ("held-out preference accuracy", "Spearman: learned vs true episode return")):
+        ax.set_xlabel("labels")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    names = [n for n in table if "success" in table[n]]
+    for j, (key, label) in enumerate((("success_before", "before (random candidate)"),
+                                      ("success_learned", "learned reward"),
+                                      ("success_ground_truth", "ground-truth reward"))):
+        axes[2].bar(np.arange(len(names)) + (j - 1) * 0.27, [table[n]["success"][key] for n in names], 0.27,
+                    label=label)
+    axes[2].set_xticks(np.arange(len(names)), names, rotation=20, ha="right", fontsize=8)
+    axes[2].set_title("success of the ranking learner (same trajectories)")
+    axes[2].set_ylim(0, 1.05)
+    axes[2].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return {"figure": str(out), "runs": table}
+
+
+# ---------------------------------------------------------------------- label page
+@dataclass
+class LabelConfig:
+    """Schema of ``configs/label.yaml``."""
+
+    labels: str = ""  # the label store directory
+    task: str = ""  # with queries > 0: record new queries of this task first (a new store needs it)
+    queries: int = 0  # new queries to record before serving (from the ranking learner's candidates)
+    segment_length: int = 25
+    episodes: int = 4  # episodes (each played by every candidate) the new queries are cut from
+    candidates: int = 8
+    render_size: int = 96
+    host: str = "127.0.0.1"  # loopback only
+    port: int = 8765
+    exit_when_done: bool = False  # stop serving once every query is answered
+    labels_on_malformed: str = "raise"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            raise ValueError("give the label store: labels=DIR (made by `embodied prefer` or by queries=N task=NAME)")
+        if self.queries < 0 or self.seed < 0:
+            raise ValueError(f"queries and seed must be >= 0, got queries={self.queries}, seed={self.seed}")
+        if self.queries and not self.task:
+            raise ValueError("queries=N records new queries of a task: give task=NAME")
+        check_choice("labels_on_malformed", self.labels_on_malformed, ON_MALFORMED)
+
+
+def record_queries(cfg: LabelConfig, store_path: str) -> LabelStore:
+    """Add ``cfg.queries`` uniformly drawn queries, with frames, to the store (made if absent)."""
+    learner = RankingLearner(cfg.task, cfg.candidates, cfg.seed, True, cfg.render_size)
+    env = learner.env.unwrapped
+    meta = {"task": cfg.task, "state_dim": len(env.privileged_state()), "action_dim": env.action_space.shape[0],
+            "segment_length": cfg.segment_length}
+    store = LabelStore(store_path, meta, cfg.labels_on_malformed)
+    learner.next_seed = cfg.seed + 3 * HELDOUT_SEED + len(store.query_ids)  # fresh episodes for every call
+    trajs = learner.rollout(cfg.episodes)
+    rng = np.random.default_rng([cfg.seed, len(store.query_ids)])
+    for q in sample_pairs(trajs, cfg.queries, cfg.segment_length, rng):
+        store.add_query(q)
+    return store
+
+
+def serve_labels(cfg: LabelConfig) -> dict[str, Any]:
+    """``embodied label``: serve the page until interrupted (or until done with ``exit_when_done``)."""
+    import signal
+    import time
+
+    from rewards.preference.server import LabelServer
+
+    store = record_queries(cfg, cfg.labels) if cfg.queries else LabelStore(cfg.labels, None, cfg.labels_on_malformed)
+    if not store.query_ids:
+        raise ValueError(f"label store {cfg.labels} holds no query: record some with queries=N task=NAME")
+    server = LabelServer(store, cfg.host, cfg.port).start()
+    print(f"label page: {server.url}  ({len(store.pending())} of {len(store.query_ids)} queries to answer; "
+          "every answer is saved at once; Ctrl-C stops)", flush=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        while not (cfg.exit_when_done and not store.pending()):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        log.info("stopped; answers so far are on disk in %s", store.labels_path)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        server.stop()
+        store.close()
+    return {"labels_path": str(store.root), "url": server.url, **store.counts(), "pending": len(store.pending())}
