@@ -1,4 +1,4 @@
-"""Behavioural tests of the on-disk episode dataset (embodied/data.py)."""
+"""Behavioural tests of the on-disk episode dataset (embodied/runtime/data.py)."""
 
 from __future__ import annotations
 
@@ -235,14 +235,16 @@ def test_crash_between_episode_file_and_index(filled, monkeypatch):
 
 
 def test_interrupt_right_after_rename_keeps_the_episode(filled, monkeypatch):
+    from embodied.core import files
+
     ds, eps = filled
-    real = data._fsync_dir
+    real = files.fsync_dir
 
     def interrupt_once(path):
-        monkeypatch.setattr(data, "_fsync_dir", real)
+        monkeypatch.setattr(files, "fsync_dir", real)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(data, "_fsync_dir", interrupt_once)
+    monkeypatch.setattr(files, "fsync_dir", interrupt_once)
     with pytest.raises(KeyboardInterrupt):
         ds.append(eps[0], seed=1)
     assert len(ds) == 4  # the file was in place: it counts

@@ -26,11 +26,12 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from embodied.core.errors import DatasetError
+from embodied.core.files import atomic_write, fsync_dir
 from embodied.core.specs import ActionSpec, ObservationSpec
 
 FORMAT_VERSION = 1
@@ -93,30 +94,6 @@ def _json_default(o: Any) -> Any:
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=_json_default, allow_nan=False)
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name == "posix":  # make the rename itself durable
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Write ``path`` via a temporary file in the same directory, fsync, rename."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -228,7 +205,7 @@ class Dataset:
             text = json.dumps(meta, default=_json_default, indent=1, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise DatasetError(f"dataset info must be JSON serialisable: {e}") from None
-        _atomic_write(root / "meta.json", lambda f: f.write(text.encode()))
+        atomic_write(root / "meta.json", lambda f: f.write(text.encode()))
         (root / "episodes").mkdir(exist_ok=True)
         return cls(root, meta, [], 0, False)
 
@@ -324,7 +301,7 @@ class Dataset:
             raise DatasetError(f"{path} already exists: is another process writing to this dataset?")
         payload = {**arrays, _META_KEY: np.array(meta_json)}
         try:
-            _atomic_write(path, lambda f: np.savez_compressed(f, **payload))
+            atomic_write(path, lambda f: np.savez_compressed(f, **payload))
         finally:
             if path.exists():  # safe from here on, even if interrupted after the rename
                 self._next_id = ep_id + 1
@@ -376,7 +353,7 @@ class Dataset:
 
     def _rewrite_index(self) -> None:
         text = "".join(_dumps(e) + "\n" for e in self._entries)
-        _atomic_write(self.root / "index.jsonl", lambda f: f.write(text.encode()))
+        atomic_write(self.root / "index.jsonl", lambda f: f.write(text.encode()))
         self._index_dirty = False
 
     # ---- statistics -------------------------------------------------------------
@@ -405,7 +382,7 @@ class Dataset:
         if self._stats is not None:
             text = _dumps(self._stats.to_json())
             try:
-                _atomic_write(self.root / "stats.json", lambda f: f.write(text.encode()))
+                atomic_write(self.root / "stats.json", lambda f: f.write(text.encode()))
             except OSError:
                 pass  # read-only dataset: recomputed on the next open
 
@@ -489,8 +466,8 @@ def _quarantine(root: Path, paths: Sequence[Path]) -> None:
         while target.exists():
             target, n = dest / f"{p.stem}.{n}{p.suffix}", n + 1
         os.replace(p, target)
-    _fsync_dir(dest)
-    _fsync_dir(root / "episodes")
+    fsync_dir(dest)
+    fsync_dir(root / "episodes")
 
 
 def check_dataset(root: str | os.PathLike, repair: bool = False) -> dict[str, Any]:

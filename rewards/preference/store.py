@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from embodied.core.errors import EmbodiedError
+from embodied.core.files import atomic_write, fsync_dir
 from rewards.preference.segments import Query, Segment
 
 log = logging.getLogger("embodied.prefer")
@@ -73,29 +74,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _atomic_write(path: Path, data: bytes | None = None, arrays: Mapping[str, np.ndarray] | None = None) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            if arrays is not None:
-                np.savez_compressed(f, **arrays)
-            else:
-                f.write(data or b"")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    """``data`` (bytes) or ``arrays`` (a compressed .npz) written crash-safely to ``path``."""
+    atomic_write(path, (lambda f: np.savez_compressed(f, **arrays)) if arrays is not None
+                 else (lambda f: f.write(data or b"")))
 
 
 def _excerpt(line: str) -> str:
@@ -327,7 +309,7 @@ class LabelStore:
             finally:
                 os.close(fd)
             if new:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
             self.records.append(rec)
             self.by_query[qid] = rec
         return rec

@@ -1,0 +1,39 @@
+"""Crash-safe file writes shared by everything that keeps what a user recorded (datasets,
+preference labels): write to a temporary name in the same folder, fsync, rename into place,
+fsync the folder. A crash at any moment leaves the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO, Callable
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make renames in folder ``path`` durable (a no-op where folders cannot be fsynced)."""
+    if os.name == "posix":
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> None:
+    """Write ``path`` by ``write(f)`` into ``<path>.tmp-<pid>``, fsync, then rename it into place.
+
+    The temporary name carries the writer's pid, so a reader can tell a dead writer's
+    leftover from a live one's file in progress.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
