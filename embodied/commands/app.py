@@ -57,6 +57,10 @@ HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writ
 INTERRUPTED = 130  # exit status after Ctrl-C (128 + SIGINT), as shells report it
 # command name -> (schema, prepare): filled by hydra_command, read by RunDirGuard
 _COMMANDS: dict[str, tuple[type, Callable[[Any, Path], None] | None]] = {}
+QUOTING = ("Hydra reads key=value with its override grammar: text holding a comma, an apostrophe or quote, "
+           "brackets or braces must reach it quoted, e.g. \"instruction='lift it, then hold it'\" or "
+           "instruction=\"\\\"don't drop it\\\"\" in a shell (see the command's --help), or come from a file "
+           "(embodied play instruction_file=PATH, embodied eval instructions_file=PATH)")
 
 
 class AlreadyDone(Exception):
@@ -157,14 +161,28 @@ def _allowed_keys(error: Any) -> str:
 
 def describe_error(error: BaseException) -> str:
     """One line saying what is wrong with a command line that Hydra or OmegaConf refused."""
-    from hydra.errors import MissingConfigException
+    from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
         group, _, option = error.missing_cfg_file.rpartition("/")
         close = difflib.get_close_matches(option, error.options, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         return f"unknown {group or 'config'} {option!r}.{hint} Allowed: {', '.join(sorted(error.options))}"
-    parts = [str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__]
+    text = str(error).strip()
+    if isinstance(error, CompactHydraException):
+        # Hydra's own lines are all meant for the user (how to quote, how to append a key), but
+        # not its caret under the parsed text or the grammar's web page
+        lines = [line.strip() for line in text.splitlines()
+                 if line.strip() and set(line.strip()) != {"^"} and not line.startswith("See https://")]
+        cause = error.__cause__ or error.__context__
+        if cause is not None and _allowed_keys(cause):  # a schema's field: appending one is refused too
+            lines = [line for line in lines if not line.startswith("To append to your config")]
+        parts = [" ".join(line if line.endswith((".", "?", ":")) else line + "." for line in lines)
+                 or type(error).__name__]
+        if isinstance(error, OverrideParseException):
+            parts.append(QUOTING)
+    else:
+        parts = [text.splitlines()[0] if text else type(error).__name__]
     cause = error.__cause__ or error.__context__
     for e in (error, cause):
         msg = getattr(e, "msg", None)
@@ -416,6 +434,9 @@ def hydra_command(name: str, schema: type, prepare: Callable[[Any, Path], None] 
                 # the command has logged what it kept (collect: the finished episodes; train: a checkpoint)
                 print(f"embodied {name}: interrupted", file=sys.stderr)
                 sys.exit(INTERRUPTED)
+            except BrokenPipeError:  # the reader of stdout went away (`embodied train --help | head`)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(1)
             except (HydraException, OmegaConfBaseException) as e:
                 if started:
                     raise
