@@ -98,14 +98,14 @@ def to_schema(cfg: Any, schema: type) -> Any:
     """The ``schema`` instance of the composed config ``cfg``, every interpolation resolved.
 
     A nested structured node (a ``policy`` family) is first built as its dataclass, so that
-    its own ``__post_init__`` checks run, and is then passed on as a plain dict.
+    its own ``__post_init__`` checks run (and ``check_numbers``), and is then passed on as a plain dict.
     """
     from omegaconf import OmegaConf, SCMode
 
     for key in cfg:
         node = cfg[key]
         if OmegaConf.is_dict(node) and OmegaConf.get_type(node) not in (dict, None):
-            OmegaConf.to_object(node)
+            check_numbers(OmegaConf.to_object(node))
     values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, structured_config_mode=SCMode.DICT)
     obj = schema(**values)  # its own checks first: they say more than the generic ones
     check_numbers(obj)

@@ -112,7 +112,18 @@ class EvalConfig:
             raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
         check_device(self.device)
         ray_options(self)
-        resolve_tasks(self.suite, self.tasks)  # an unknown suite or task is named before anything is written
+        tasks = resolve_tasks(self.suite, self.tasks)  # an unknown suite or task is named before anything is written
+        unknown = [t for t in self.instructions if t not in tasks]
+        if unknown:
+            raise ValueError(f"instructions given for tasks not being evaluated: {unknown}; tasks: {tasks}")
+        if self.checkpoint and not Path(self.checkpoint).exists():
+            raise FileNotFoundError(f"checkpoint {self.checkpoint!r} does not exist; checkpoint= takes a checkpoint "
+                                    "folder (e.g. RUN/checkpoint) or a folder of step_* checkpoints (RUN/checkpoints)")
+        missing = [c for c in self.checkpoints if not Path(str(c)).exists()]
+        if missing:
+            raise FileNotFoundError(f"checkpoints: {missing} do not exist")
+        if self.instructions_file and not Path(self.instructions_file).is_file():
+            raise FileNotFoundError(f"instructions_file {self.instructions_file!r} does not exist")
 
 
 def check_policy_settings(policy: dict[str, Any], trained: bool, num_inference_steps: int,

@@ -62,6 +62,9 @@ class PlayConfig:
             self.instruction = read_instruction(self.instruction_file)
         check_device(self.device)
         get_task(self.task)
+        if self.checkpoint and not Path(self.checkpoint).exists():
+            raise FileNotFoundError(f"checkpoint {self.checkpoint!r} does not exist (give a checkpoint folder, "
+                                    "e.g. outputs/train/.../checkpoint)")
 
 
 def read_instruction(path: str) -> str:
