@@ -150,6 +150,10 @@ class TrainConfig:
         if self.policy["obs_mode"] != self.obs_mode:
             raise ValueError(f"policy.obs_mode={self.policy['obs_mode']!r} differs from obs_mode={self.obs_mode!r}: "
                              "set obs_mode (the policy observes what the run observes)")
+        if self.policy["ground_instructions"] != self.ground_instructions:
+            raise ValueError(f"policy.ground_instructions={self.policy['ground_instructions']!r} differs from "
+                             f"ground_instructions={self.ground_instructions!r}: set ground_instructions (the policy "
+                             "grounds when the run does, and the run records it)")
         from policies import make_config
 
         make_config(self.policy["name"], self.policy)  # refuses a bad field, naming it
@@ -484,6 +488,36 @@ def plot_curve(path: Path, losses: list[tuple[int, float]], curve: list[dict[str
 
 
 def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+    """Train (or resume) the run in ``out`` and evaluate it; its metrics (see the module docstring).
+
+    On Ctrl-C the steps done are saved first, then a warning says what ``out`` holds and the
+    ``KeyboardInterrupt`` goes on up.
+    """
+    try:
+        return _train(cfg, out)
+    except KeyboardInterrupt:
+        log.warning("%s", _kept(cfg, out))
+        raise
+
+
+def _kept(cfg: TrainConfig, out: Path) -> str:
+    """What an interrupted run leaves in ``out``, and how to go on."""
+    ckpt = out / "checkpoint"
+    try:
+        step = _recorded_run(ckpt)[1] if (ckpt / "trainer_state.pt").is_file() else None
+    except ValueError:
+        step = None
+    if step is None:
+        return (f"interrupted before the first checkpoint: nothing is trained yet (the demonstrations recorded so "
+                f"far are kept in {dataset_path(cfg)}); rerun the same command to start")
+    if step >= cfg.steps:
+        return (f"interrupted in the final evaluation: {ckpt} holds the trained policy (step {step}); rerun the same "
+                "command to evaluate it (nothing is trained again)")
+    return (f"interrupted at step {step} of {cfg.steps}: {ckpt} holds the policy at step {step} (snapshots in "
+            f"{out / 'checkpoints'}); rerun the same command to continue from there")
+
+
+def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     import torch
     from tqdm.auto import tqdm
 
@@ -595,11 +629,9 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
                 _snapshot(deployed, done, out)  # before _save: a crash in between still resumes to it
             if done % cfg.save_every == 0:
                 _save(deployed, opt, sched, done, curve, out, record)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # keep the steps done (train() then says what is kept)
         with _held_interrupts(reraise=False):
             _save(deployed, opt, sched, done, curve, out, record)
-        log.warning("interrupted at step %d of %d: %s holds the policy at step %d (snapshots in %s); rerun the "
-                    "same command to continue from there", done, cfg.steps, ckpt, done, out / "checkpoints")
         raise
     finally:
         bar.close()
@@ -612,20 +644,15 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
 
     policy.eval()
     workers = _workers(cfg, len(tasks) * 2 * cfg.eval_episodes)
-    try:
-        if workers > 1:
-            from embodied.runtime.distributed import PolicySource, evaluate_sharded
+    if workers > 1:
+        from embodied.runtime.distributed import PolicySource, evaluate_sharded
 
-            metrics, results = evaluate_sharded(PolicySource(str(ckpt), cfg.device), tasks, cfg.eval_episodes,
-                                                ("train", "heldout"), cfg.eval_seed, cfg.num_envs, vector, kw,
-                                                videos=cfg.videos, progress=cfg.progress, workers=workers)
-        else:
-            metrics, results = evaluate(deployed, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
-                                        cfg.num_envs, vector, kw, videos=cfg.videos, progress=cfg.progress)
-    except KeyboardInterrupt:
-        log.warning("interrupted in the final evaluation: %s holds the trained policy (step %d); rerun the same "
-                    "command to evaluate it (nothing is trained again)", ckpt, done)
-        raise
+        metrics, results = evaluate_sharded(PolicySource(str(ckpt), cfg.device), tasks, cfg.eval_episodes,
+                                            ("train", "heldout"), cfg.eval_seed, cfg.num_envs, vector, kw,
+                                            videos=cfg.videos, progress=cfg.progress, workers=workers)
+    else:
+        metrics, results = evaluate(deployed, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
+                                    cfg.num_envs, vector, kw, videos=cfg.videos, progress=cfg.progress)
     curve.append({"step": done, "success_rate": metrics["success_rate"]})
     videos = save_videos(out, results) if cfg.videos else {}
     metrics.update({
