@@ -33,7 +33,7 @@ from sim.render import make_renderer
 OBS_MODES = ("state", "pixels", "state+pixels")
 _LIVE_ENVS: "weakref.WeakSet[BaseEnv]" = weakref.WeakSet()  # envs holding a GL context
 
-__all__ = ["BaseEnv", "INSTRUCTION_CHARSET", "OBS_MODES", "TaskEnv", "check_env_args"]
+__all__ = ["BaseEnv", "INSTRUCTION_CHARSET", "OBS_MODES", "TaskEnv", "check_env_args", "check_instructions"]
 
 
 def _close_renderers() -> None:
@@ -43,7 +43,8 @@ def _close_renderers() -> None:
         env.close()
 
 
-def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_episode_steps: int | None) -> None:
+def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_episode_steps: int | None,
+                   render_size: int = 224) -> None:
     """Validate the constructor arguments every world shares (ours and adapters)."""
     if obs_mode not in OBS_MODES:
         raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
@@ -51,8 +52,29 @@ def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_
         raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
     if not 8 <= int(image_size) <= 512:
         raise ValueError(f"image_size must be in [8, 512] pixels, got {image_size}")
+    if not 8 <= int(render_size) <= 2048:
+        raise ValueError(f"render_size must be in [8, 2048] pixels (the side of render() frames), got {render_size}")
     if max_episode_steps is not None and int(max_episode_steps) < 1:
         raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+
+
+def check_instructions(instructions: list[str] | tuple[str, ...] | str | None) -> tuple[str, ...] | None:
+    """Custom templates as a tuple (one string is one template), None for the task's own.
+
+    Raises:
+        ValueError: an empty list (it would silently mean the task's own wordings) or an
+            empty or non-string template.
+    """
+    if instructions is None:
+        return None
+    words = (instructions,) if isinstance(instructions, str) else tuple(instructions)
+    if not words:
+        raise ValueError("instructions=[] is empty: give at least one instruction, or instructions=None for the "
+                         "task's own wordings (instruction_split='train' or 'heldout')")
+    bad = [w for w in words if not isinstance(w, str) or not w.strip()]
+    if bad:
+        raise ValueError(f"instructions must be non-empty strings, got {bad!r} in {list(words)!r}")
+    return words
 
 
 class BaseEnv(gym.Env):
@@ -72,7 +94,8 @@ class BaseEnv(gym.Env):
         max_episode_steps: override the task's time limit.
 
     Raises:
-        ValueError: an argument out of range, an unknown camera or instruction split.
+        ValueError: an argument out of range (``render_size`` included), an unknown camera or
+            instruction split, an empty ``instructions`` list.
         UnknownNameError: an unregistered task.
     """
 
@@ -98,13 +121,12 @@ class BaseEnv(gym.Env):
         max_episode_steps: int | None = None,
     ):
         self.spec_task: TaskSpec = get_task(task)
-        check_env_args(obs_mode, render_mode, image_size, max_episode_steps)
+        check_env_args(obs_mode, render_mode, image_size, max_episode_steps, render_size)
         self.obs_mode, self.render_mode = obs_mode, render_mode
         self.image_size, self.render_size = int(image_size), int(render_size)
-        if isinstance(instructions, str):
-            instructions = [instructions]
-        self._templates = tuple(instructions) if instructions else self.spec_task.instructions(instruction_split)
-        self.instruction_split = "custom" if instructions else instruction_split
+        custom = check_instructions(instructions)
+        self._templates = custom or self.spec_task.instructions(instruction_split)
+        self.instruction_split = "custom" if custom else instruction_split
         self.max_episode_steps = int(max_episode_steps or self.spec_task.max_episode_steps)
 
         self.model, self.data = self._build()
@@ -119,6 +141,7 @@ class BaseEnv(gym.Env):
         self._rotated: frozenset[str] = frozenset()  # cameras whose frames are turned 180 degrees
 
         self._step_count = 0
+        self._episode_started = False  # set by the first reset(): step() before it is refused
         self.instruction = ""
         self.params: dict[str, Any] = {}
         self._setup()
@@ -156,7 +179,10 @@ class BaseEnv(gym.Env):
     # ---------------------------------------------------------- instructions
     def _draw_instruction(self, options: dict[str, Any] | None) -> None:
         """Set ``instruction`` for a new episode: the template in ``options["instruction"]``,
-        else one of the split's, drawn from ``np_random`` (after the episode's parameters)."""
+        else one of the split's, drawn from ``np_random`` (after the episode's parameters).
+
+        Every ``reset`` calls it, so it also marks the episode as started (``step`` may run)."""
+        self._episode_started = True
         options = options or {}
         if "instruction" in options:
             template = str(options["instruction"])
@@ -178,7 +204,11 @@ class BaseEnv(gym.Env):
 
         Raises:
             InvalidActionError: a wrong shape, or NaN/inf values (nothing is stepped).
+            gymnasium.error.ResetNeeded: no episode yet (``step()`` before the first ``reset()``).
         """
+        if not self._episode_started:
+            raise gym.error.ResetNeeded(f"step() before reset() on task {self.spec_task.name!r}: call env.reset(seed=...) "
+                               "first (it places the objects and draws the instruction)")
         a = np.asarray(action, dtype=np.float32)
         if a.shape != self.action_space.shape:
             raise InvalidActionError(f"action must have shape {self.action_space.shape} "

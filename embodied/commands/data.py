@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from embodied.commands.app import hydra_command, run_dir
@@ -30,6 +31,9 @@ class DataConfig:
                              f"got {self.action!r}")
         if not self.path:
             raise ValueError("give the dataset: path=DIR (e.g. data/manipulation-state)")
+        if not Path(self.path).is_dir():
+            raise FileNotFoundError(f"path {self.path!r} is not a folder: give the dataset's folder, path=DIR "
+                                    "(e.g. data/manipulation-state)")
 
 
 @hydra_command("data", DataConfig)

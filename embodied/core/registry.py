@@ -119,7 +119,13 @@ def load_plugins(names: list[str] | None = None) -> None:
         _LOADED.add(name)
 
 
+def _check_name(kind: str, name: Any) -> None:
+    if not isinstance(name, str):  # e.g. a nested list from tasks=[[a]]
+        raise ValueError(f"a {kind} is named by a string, got {name!r} ({type(name).__name__})")
+
+
 def get_suite(name: str) -> SuiteSpec:
+    _check_name("suite", name)
     if name not in _SUITES:
         plugins = _plugins()
         if name in plugins:
@@ -132,6 +138,7 @@ def get_suite(name: str) -> SuiteSpec:
 
 
 def get_task(name: str) -> TaskSpec:
+    _check_name("task", name)
     if name not in _TASKS:
         load_plugins()
     if name not in _TASKS:

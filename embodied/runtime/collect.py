@@ -31,6 +31,17 @@ log = logging.getLogger("embodied.collect")
 OBS_MODES = ("state", "pixels", "state+pixels")
 
 
+def check_image_args(obs_mode: str, image_size: int, cameras: list[str]) -> None:
+    """Refuse an image size out of range, and cameras that a state-only run would ignore."""
+    if not 8 <= image_size <= 512:
+        raise ValueError(f"image_size must be in [8, 512] pixels, got {image_size}")
+    if any(not isinstance(c, str) or not c.strip() for c in cameras) or len(set(cameras)) != len(cameras):
+        raise ValueError(f"cameras must be distinct camera names, got {cameras}")
+    if cameras and obs_mode == "state":
+        raise ValueError(f"cameras={cameras} has no effect with obs_mode=state (no images are observed): "
+                         "drop it, or set obs_mode=pixels")
+
+
 @dataclass
 class CollectConfig:
     """Schema of ``configs/collect.yaml``."""
@@ -58,21 +69,25 @@ class CollectConfig:
     ray_retries: int = 2  # runner=ray: retries of a shard whose worker died
 
     def __post_init__(self) -> None:
+        from embodied.core.registry import resolve_tasks
+
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0 (episode seeds are seed + task_index * 1_000_000 + k), got {self.seed}")
         if self.obs_mode not in OBS_MODES:
             raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {self.obs_mode!r}")
+        check_image_args(self.obs_mode, self.image_size, self.cameras)
         if not 0.0 <= self.action_noise <= 1.0:
             raise ValueError(f"action_noise must be in [0, 1], got {self.action_noise}")
-        if self.max_attempts_factor < 1.0:
-            raise ValueError(f"max_attempts_factor must be >= 1, got {self.max_attempts_factor}")
+        if not 1.0 <= self.max_attempts_factor < float("inf"):  # NaN fails too
+            raise ValueError(f"max_attempts_factor must be a finite number >= 1, got {self.max_attempts_factor}")
         if self.on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {self.on_corrupt!r}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: one per CPU core), got {self.workers}")
         ray_options(self)
+        resolve_tasks(self.suite, self.tasks)  # an unknown suite or task is named before anything is written
 
 
 def reward_term_names(tasks: list[str]) -> list[str]:

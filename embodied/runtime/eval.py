@@ -37,6 +37,13 @@ from embodied.runtime.evaluate import (
 
 log = logging.getLogger("embodied.eval")
 VECTOR = ("auto", "sync", "async")
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def check_device(device: str) -> None:
+    """Refuse a ``device`` that is not a torch device name (whether it exists here is checked on use)."""
+    if not isinstance(device, str) or not DEVICE.fullmatch(device):
+        raise ValueError(f"device={device!r} is not allowed: use auto (the GPU when there is one), cpu, cuda[:N] or mps")
 
 
 @dataclass
@@ -81,9 +88,12 @@ class EvalConfig:
             raise ValueError(f"policy=remote and url=ws://HOST:PORT go together; got policy={name!r}, url={self.url!r}")
         if name == "remote" and (self.checkpoint or self.checkpoints):
             raise ValueError("policy=remote evaluates the server at url=...: do not also give checkpoint(s)")
-        if not self.checkpoint and not self.checkpoints and name not in ("expert", "remote"):
+        trained = bool(self.checkpoint or self.checkpoints)
+        if not trained and name not in ("expert", "remote"):
             raise ValueError(f"policy={name!r} cannot be evaluated without weights: give checkpoint=PATH "
                              "(the output of `embodied train`), or use policy=expert")
+        if name != "remote":  # the server decides its sampler and grounding
+            check_policy_settings(self.policy, trained, self.num_inference_steps, self.ground_instructions)
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
         if self.seed < 0:
@@ -96,7 +106,63 @@ class EvalConfig:
             raise ValueError(f"num_inference_steps must be >= 0, got {self.num_inference_steps}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: one per CPU core), got {self.workers}")
+        if self.videos < 0:
+            raise ValueError(f"videos must be >= 0, got {self.videos}")
+        bad = [s for s in self.splits if s not in ("train", "heldout")]
+        if bad or len(set(self.splits)) != len(self.splits) or not (self.splits or self.instructions
+                                                                     or self.instructions_file):
+            raise ValueError(f"splits must be distinct names of train and heldout (an empty list only with "
+                             f"your own instructions), got {self.splits}")
+        for task, words in self.instructions.items():
+            check_wordings(f"instructions.{task}", words)
+        if self.swap_instructions and (self.instructions or self.instructions_file):
+            raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
+        check_device(self.device)
         ray_options(self)
+        tasks = resolve_tasks(self.suite, self.tasks)  # an unknown suite or task is named before anything is written
+        unknown = [t for t in self.instructions if t not in tasks]
+        if unknown:
+            raise ValueError(f"instructions given for tasks not being evaluated: {unknown}; tasks: {tasks}")
+        if self.checkpoint and not Path(self.checkpoint).exists():
+            raise FileNotFoundError(f"checkpoint {self.checkpoint!r} does not exist; checkpoint= takes a checkpoint "
+                                    "folder (e.g. RUN/checkpoint) or a folder of step_* checkpoints (RUN/checkpoints)")
+        missing = [c for c in self.checkpoints if not Path(str(c)).exists()]
+        if missing:
+            raise FileNotFoundError(f"checkpoints: {missing} do not exist")
+        if self.instructions_file and not Path(self.instructions_file).is_file():
+            raise FileNotFoundError(f"instructions_file {self.instructions_file!r} does not exist")
+
+
+def check_policy_settings(policy: dict[str, Any], trained: bool, num_inference_steps: int,
+                          ground_instructions: bool | None) -> None:
+    """Refuse policy settings that would have no effect (``eval`` and ``play``).
+
+    A checkpoint holds its policy (family and config, in its ``config.json``), so ``policy=...``
+    and ``policy.<field>=...`` beside ``checkpoint=`` would be ignored; the scripted experts have
+    no sampler and no grounding.
+    """
+    if trained and policy.get("name") != "expert":
+        fields = sorted(k for k in policy if k != "name")
+        raise ValueError(f"policy={policy.get('name')!r}{' (and its fields)' if fields else ''} has no effect "
+                         "with checkpoint=: the checkpoint's config.json says which policy it is. Drop policy=... "
+                         "and policy.<field>=...; what an evaluation may change is num_inference_steps=N and "
+                         "ground_instructions=true|false")
+    if not trained and num_inference_steps:
+        raise ValueError(f"num_inference_steps={num_inference_steps} has no effect on the scripted experts: "
+                         "give checkpoint=PATH, or drop it")
+    if not trained and ground_instructions is not None:
+        raise ValueError(f"ground_instructions={ground_instructions} has no effect on the scripted experts: "
+                         "give checkpoint=PATH, or drop it")
+
+
+def check_wordings(what: str, words: Any) -> list[str]:
+    """``words`` as a non-empty list of non-empty strings (one string is a list of one), else ValueError naming ``what``."""
+    words = [words] if isinstance(words, str) else words
+    if not isinstance(words, (list, tuple)) or not words or \
+            not all(isinstance(w, str) and w.strip() for w in words):
+        raise ValueError(f"{what} must be a non-empty list of instructions (non-empty strings), got {words!r}: "
+                         "an empty list would evaluate the task's own wordings under the name of yours")
+    return list(words)
 
 
 def load_instructions(path: str) -> dict[str, list[str]]:
@@ -106,16 +172,33 @@ def load_instructions(path: str) -> dict[str, list[str]]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"instructions_file {path!r} does not exist")
-    data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"instructions_file {path!r} must map task names to lists of instructions")
-    out = {}
-    for task, v in data.items():
-        v = [v] if isinstance(v, str) else v
-        if not isinstance(v, list) or not v or not all(isinstance(s, str) and s.strip() for s in v):
-            raise ValueError(f"instructions_file {path!r}: task {task!r} needs a non-empty list of strings")
-        out[str(task)] = v
-    return out
+    try:
+        data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
+    except (ValueError, yaml.YAMLError) as e:
+        raise ValueError(f"instructions_file {path!r} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                         f"{' '.join(str(e).split())}") from None
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"instructions_file {path!r} must map task names to lists of instructions"
+                         + (", and names none" if isinstance(data, dict) or data is None else ""))
+    return {str(task): check_wordings(f"instructions_file {path!r}: task {task!r}", v) for task, v in data.items()}
+
+
+def check_custom_instructions(instructions: dict[str, list[str]]) -> None:
+    """Fill in every custom template with a task's episode fields before any episode runs.
+
+    A template naming a field the task does not have (``{colour}`` for ``{color}``) would
+    otherwise fail only when its split's first episode starts, after the other splits ran.
+    """
+    from embodied.core.registry import make_env
+
+    for task, templates in instructions.items():
+        env = make_env(task)
+        try:
+            env.reset(seed=0)
+            for template in templates:
+                env.unwrapped.format_instruction(template)
+        finally:
+            env.close()
 
 
 def swapped_instructions(tasks: list[str]) -> dict[str, list[str]]:
@@ -218,6 +301,10 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
         if instructions:
             raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
         instructions = swapped_instructions(tasks)
+    unknown = [t for t in instructions if t not in tasks]
+    if unknown:
+        raise ValueError(f"instructions given for tasks not being evaluated: {unknown}; tasks: {tasks}")
+    check_custom_instructions(instructions)
     series = resolve_checkpoints(cfg) if policy is None else None
     if series:
         return _run_series(cfg, out, tasks, instructions, series)

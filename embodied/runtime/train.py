@@ -14,7 +14,15 @@ draws success vs training step from them); (3) evaluate on training and held-out
 ``metrics.json``, ``report.md``, ``success.png``, ``training_curve.png`` and videos; with state
 observations, collection and the final evaluation run in one worker process per CPU core
 (``workers``; evaluation workers load ``checkpoint/``), with the same results as one process.
-Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint.
+Rerunning with the same ``hydra.run.dir`` resumes from the last checkpoint, and only when the
+rerun is the same run: every setting of ``TrainConfig`` but those in ``RESUMABLE`` (how long to
+train, and how to evaluate, save, log and run it) defines the run and is recorded in
+``checkpoint/train_run.json``; a rerun that changes one is refused with each difference named
+(give a new ``hydra.run.dir``, or ``restart=true`` to move the old run aside, to ``RUN.old-<k>``,
+and start over: nothing recorded is deleted). The dataset must hold the episodes the run trained on. A
+rerun never goes back: ``steps`` below the steps done is refused, and a finished run rerun with
+the same ``steps`` says so and does nothing (it evaluates when its final evaluation is missing).
+Snapshots are labelled with the step their weights come from.
 
 The recipe is Hydra's (``configs/train.yaml``): this schema's defaults (the generic recipe),
 then ``configs/recipe/suite/<suite>.yaml``, ``recipe/obs_mode/<obs_mode>.yaml`` (the pixel
@@ -35,14 +43,19 @@ seen), so the policy learns what the words mean rather than one sentence per tas
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -51,6 +64,14 @@ from embodied.runtime.evaluate import write_json
 from policies import save_policy
 
 log = logging.getLogger("embodied.train")
+
+# Settings a rerun into the same run folder may change: how long to train, and how to evaluate,
+# save, log and run it. Every other field of TrainConfig defines the run and must match on resume.
+RESUMABLE = frozenset({"steps", "eval_every", "eval_episodes_periodic", "eval_episodes", "eval_seed", "save_every",
+                       "snapshot_every", "num_envs", "workers", "videos", "device", "threads", "progress",
+                       "on_corrupt", "restart"})
+RUN_RECORD = "train_run.json"  # in checkpoint/: the settings that define the run, its data and its step
+DERIVED_POLICY_FIELDS = ("aux_state_dim",)  # set by train from the dataset, not by the user
 
 
 @dataclass
@@ -92,18 +113,33 @@ class TrainConfig:
     device: str = "auto"
     threads: int = 0  # torch CPU threads (0: the cores not busy now; more threads than free cores stalls torch)
     progress: bool = True
+    # a corrupt episode file in the dataset: raise (name it), skip it, or quarantine it (move it to
+    # DATASET/quarantine/); as `embodied collect on_corrupt=...`
+    on_corrupt: str = "raise"
+    # start over in this run folder: the run already there is moved aside (to RUN.old-<k>), not deleted
+    restart: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("demos", "steps", "batch_size", "eval_episodes", "save_every", "num_envs"):
+        from embodied.runtime.collect import check_image_args
+        from embodied.runtime.data import ON_CORRUPT
+        from embodied.runtime.eval import check_device
+
+        for name in ("demos", "steps", "batch_size", "eval_episodes", "eval_episodes_periodic", "save_every",
+                     "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "snapshot_every", "workers"):
+        for name in ("eval_every", "snapshot_every", "workers", "eval_seed", "seed", "threads", "videos"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.demo_noise <= 1.0:
             raise ValueError(f"demo_noise must be in [0, 1], got {self.demo_noise}")
         if self.obs_mode not in ("state", "pixels"):
             raise ValueError(f"obs_mode must be 'state' or 'pixels', got {self.obs_mode!r}")
+        check_image_args(self.obs_mode, self.image_size, self.cameras)
+        if self.on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {self.on_corrupt!r}")
+        check_device(self.device)
+        resolve_tasks(self.suite, self.tasks)  # an unknown suite or task is named now, not after the data
         if "name" not in self.policy:
             raise ValueError("policy needs a name: policy=flow | diffusion | mlp")
         if self.policy["name"] == "expert":
@@ -114,6 +150,10 @@ class TrainConfig:
         if self.policy["obs_mode"] != self.obs_mode:
             raise ValueError(f"policy.obs_mode={self.policy['obs_mode']!r} differs from obs_mode={self.obs_mode!r}: "
                              "set obs_mode (the policy observes what the run observes)")
+        if self.policy["ground_instructions"] != self.ground_instructions:
+            raise ValueError(f"policy.ground_instructions={self.policy['ground_instructions']!r} differs from "
+                             f"ground_instructions={self.ground_instructions!r}: set ground_instructions (the policy "
+                             "grounds when the run does, and the run records it)")
         from policies import make_config
 
         make_config(self.policy["name"], self.policy)  # refuses a bad field, naming it
@@ -207,21 +247,135 @@ def _workers(cfg: TrainConfig, episodes: int) -> int:
     return (os.cpu_count() or 1) if cfg.obs_mode == "state" and episodes >= 100 else 1
 
 
+def dataset_path(cfg: TrainConfig) -> Path:
+    """The run's dataset folder: ``dataset``, else ``data/<suite or tasks>-<obs_mode>``."""
+    return Path(cfg.dataset or f"data/{cfg.suite if not cfg.tasks else '-'.join(cfg.tasks)}-{cfg.obs_mode}")
+
+
+def run_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings that define the run (every field but ``RESUMABLE``), flat and as JSON values.
+
+    The tasks are the resolved list, the dataset an absolute path and the policy its whole
+    config (``policy.<field>``, defaults filled in); ``image_size`` and ``cameras`` are left out
+    for state observations, where they change nothing.
+    """
+    from policies import make_config
+
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in RESUMABLE}
+    values["tasks"] = resolve_tasks(cfg.suite, cfg.tasks)
+    values["dataset"] = str(dataset_path(cfg).resolve())
+    if cfg.obs_mode == "state":
+        del values["image_size"], values["cameras"]
+    policy = values.pop("policy")
+    values["policy.name"] = policy["name"]
+    values.update({f"policy.{k}": v for k, v in dataclasses.asdict(make_config(policy["name"], policy)).items()
+                   if k not in DERIVED_POLICY_FIELDS})
+    return json.loads(json.dumps(values))
+
+
+def _recorded_run(ckpt: Path) -> tuple[dict[str, Any], int, dict[str, int] | None, str]:
+    """(settings, step, episodes per task of the dataset, where they come from) of the run in ``ckpt``.
+
+    A checkpoint from before ``train_run.json`` existed tells its policy (family and config),
+    tasks and observation mode (``config.json``) and its step (``trainer_state.pt``).
+    """
+    record = ckpt / RUN_RECORD
+    if record.is_file():
+        try:
+            data = json.loads(record.read_text())
+            return dict(data["settings"]), int(data["step"]), data.get("dataset_episodes"), str(record)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{record} is damaged ({type(e).__name__}: {e}); the run's settings are unknown, so it "
+                             "is not resumed: give a new hydra.run.dir=PATH, or restart=true to move it aside") from None
+    import torch
+
+    from policies.common.checkpoint import read_checkpoint_config
+
+    meta = read_checkpoint_config(ckpt)
+    settings = {"policy.name": meta["policy"], "tasks": list(meta.get("task_names") or [])}
+    settings.update({f"policy.{k}": v for k, v in meta["config"].items() if k not in DERIVED_POLICY_FIELDS})
+    settings["obs_mode"] = meta["config"].get("obs_mode")
+    try:
+        step = int(torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=True)["step"])
+    except Exception as e:  # unreadable: the run cannot be continued
+        raise ValueError(f"{ckpt / 'trainer_state.pt'} is damaged ({e}); give a new hydra.run.dir=PATH, or "
+                         "restart=true to move this run aside") from None
+    return settings, step, None, str(ckpt / "config.json")
+
+
+def resume_state(cfg: TrainConfig, out: Path) -> tuple[int, dict[str, int] | None]:
+    """(steps done, episodes per task it trained on) of the run in ``out``; (0, None) for a new run.
+
+    Raises:
+        ValueError: the run there was trained with other settings (each difference named),
+            or ``cfg.steps`` is below the steps it has done (a run never goes back).
+    """
+    ckpt = out / "checkpoint"
+    if not (ckpt / "trainer_state.pt").is_file():
+        return 0, None
+    recorded, step, episodes, source = _recorded_run(ckpt)
+    now = run_settings(cfg)
+    diffs = [f"{k}: recorded {recorded[k]!r}, now {now[k]!r}" for k in sorted(recorded)
+             if k in now and recorded[k] != now[k]]
+    ways = (f"give a new hydra.run.dir=PATH for a new run, or restart=true to move this one aside (to "
+            f"{_aside(out)}) and start over")
+    if diffs:
+        raise ValueError(f"{out} holds a run trained with other settings (recorded in {source}); resuming it with "
+                         f"these would mix two runs: {'; '.join(diffs)}. Rerun with the recorded settings to resume "
+                         f"it; {ways}")
+    if cfg.steps < step:
+        raise ValueError(f"{out} has trained {step} steps; steps={cfg.steps} would go back (a rerun only continues: "
+                         f"steps > {step}). Its snapshots are in {out / 'checkpoints'} (embodied eval "
+                         f"checkpoint={out / 'checkpoints'}); {ways}")
+    return step, episodes
+
+
+def finished(out: Path, step: int) -> bool:
+    """Whether ``out`` holds the final results (``metrics.json``) of its run at ``step``."""
+    try:
+        return json.loads((out / "metrics.json").read_text()).get("steps") == step
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _aside(out: Path) -> Path:
+    k = 1
+    while out.with_name(f"{out.name}.old-{k}").exists():
+        k += 1
+    return out.with_name(f"{out.name}.old-{k}")
+
+
+def move_aside(out: Path) -> Path | None:
+    """Move the run folder ``out`` to ``out.old-<k>`` (the first free k), for ``restart=true``;
+    None when there is nothing there. Nothing is deleted."""
+    out = out.absolute()
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    here = Path.cwd().resolve()
+    if out.resolve() == here or out.resolve() in here.parents:
+        raise ValueError(f"restart=true cannot move {out} aside: it holds the working directory; give a new "
+                         "hydra.run.dir=PATH instead")
+    dest = _aside(out)
+    os.replace(out, dest)
+    return dest
+
+
 def _ensure_dataset(cfg: TrainConfig, tasks: list[str]) -> Any:
     from embodied.runtime.collect import collect
     from embodied.runtime.data import Dataset
 
-    path = Path(cfg.dataset or f"data/{cfg.suite if not cfg.tasks else '-'.join(cfg.tasks)}-{cfg.obs_mode}")
+    path = dataset_path(cfg)
     have: dict[str, int] = {}
     if (path / "meta.json").exists():
-        for m in Dataset.open(path).episodes_meta:
+        for m in Dataset.open(path, on_corrupt=cfg.on_corrupt).episodes_meta:
             have[m.get("task")] = have.get(m.get("task"), 0) + 1
     if any(have.get(t, 0) < cfg.demos for t in tasks):
         log.info("collecting demonstrations into %s (%d per task)", path, cfg.demos)
         missing = sum(max(0, cfg.demos - have.get(t, 0)) for t in tasks)
         collect(tasks, path, cfg.demos, cfg.obs_mode, cfg.image_size, cfg.cameras, seed=cfg.seed,
-                action_noise=cfg.demo_noise, progress=cfg.progress, suite=cfg.suite, workers=_workers(cfg, missing))
-    ds = Dataset.open(path)
+                action_noise=cfg.demo_noise, progress=cfg.progress, suite=cfg.suite, workers=_workers(cfg, missing),
+                on_corrupt=cfg.on_corrupt)
+    ds = Dataset.open(path, on_corrupt=cfg.on_corrupt)
     log.info("dataset %s: %d episodes, %d steps", path, len(ds), sum(ds.lengths))
     return ds
 
@@ -256,8 +410,27 @@ def _with_aux_state(pcfg: Any, ds: Any) -> Any:
     return dataclasses.replace(pcfg, aux_state_dim=int(ds.features["privileged_state"]["shape"][0]))
 
 
-def _save(policy: Any, opt: Any, sched: Any, step: int, curve: list[Any], out: Path) -> None:
-    """Checkpoint atomically: write into a temp dir, then swap it in."""
+@contextlib.contextmanager
+def _held_interrupts(reraise: bool = True) -> Iterator[None]:
+    """Hold Ctrl-C until the block is done (then raise it, with ``reraise``), so that a step's
+    updates or a checkpoint are never cut in half and the step count labels the weights."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if caught and reraise:
+        raise KeyboardInterrupt
+
+
+def _save(policy: Any, opt: Any, sched: Any, step: int, curve: list[Any], out: Path,
+          record: dict[str, Any] | None = None) -> None:
+    """Checkpoint atomically: write into a temp dir, then swap it in. ``record`` (the run's
+    settings and data, see ``resume_state``) goes to ``train_run.json`` with ``step``."""
     import torch
 
     tmp, final = out / "checkpoint.tmp", out / "checkpoint"
@@ -265,6 +438,8 @@ def _save(policy: Any, opt: Any, sched: Any, step: int, curve: list[Any], out: P
     save_policy(policy, str(tmp))
     torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "curve": curve},
                tmp / "trainer_state.pt")
+    if record is not None:
+        (tmp / RUN_RECORD).write_text(json.dumps({**record, "step": step}, indent=1) + "\n")
     old = out / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -313,6 +488,36 @@ def plot_curve(path: Path, losses: list[tuple[int, float]], curve: list[dict[str
 
 
 def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+    """Train (or resume) the run in ``out`` and evaluate it; its metrics (see the module docstring).
+
+    On Ctrl-C the steps done are saved first, then a warning says what ``out`` holds and the
+    ``KeyboardInterrupt`` goes on up.
+    """
+    try:
+        return _train(cfg, out)
+    except KeyboardInterrupt:
+        log.warning("%s", _kept(cfg, out))
+        raise
+
+
+def _kept(cfg: TrainConfig, out: Path) -> str:
+    """What an interrupted run leaves in ``out``, and how to go on."""
+    ckpt = out / "checkpoint"
+    try:
+        step = _recorded_run(ckpt)[1] if (ckpt / "trainer_state.pt").is_file() else None
+    except ValueError:
+        step = None
+    if step is None:
+        return (f"interrupted before the first checkpoint: nothing is trained yet (the demonstrations recorded so "
+                f"far are kept in {dataset_path(cfg)}); rerun the same command to start")
+    if step >= cfg.steps:
+        return (f"interrupted in the final evaluation: {ckpt} holds the trained policy (step {step}); rerun the same "
+                "command to evaluate it (nothing is trained again)")
+    return (f"interrupted at step {step} of {cfg.steps}: {ckpt} holds the policy at step {step} (snapshots in "
+            f"{out / 'checkpoints'}); rerun the same command to continue from there")
+
+
+def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     import torch
     from tqdm.auto import tqdm
 
@@ -321,9 +526,16 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     from policies import load_policy, make_config, make_policy
 
     t_start = time.time()
+    tasks = resolve_tasks(cfg.suite, cfg.tasks)
+    if cfg.restart and (out / "checkpoint").exists():  # `embodied train` has moved it before it started
+        log.warning("restart=true: moved the previous run to %s", move_aside(out))
+        out.mkdir(parents=True)
+    start_step, trained_on = resume_state(cfg, out)  # refuses another run's folder before any work
+    if start_step and start_step == cfg.steps and finished(out, start_step):
+        log.info("%s finished at step %d: nothing to train (steps > %d continues it)", out, start_step, start_step)
+        return json.loads((out / "metrics.json").read_text())
     torch.set_num_threads(cfg.threads or free_cores())
     torch.manual_seed(cfg.seed)
-    tasks = resolve_tasks(cfg.suite, cfg.tasks)
     name = cfg.policy["name"]
     pcfg = make_config(name, {**cfg.policy, "obs_mode": cfg.obs_mode})  # validates before any work
     kw = env_kwargs(cfg.obs_mode, cfg.image_size, cfg.cameras)
@@ -333,15 +545,20 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
 
     ds = _ensure_dataset(cfg, tasks)
     _check_dataset(ds, obs_spec, action_spec)
+    episodes = dict(sorted(Counter(m.get("task") for m in ds.episodes_meta if m.get("task") in tasks).items()))
+    if trained_on is not None and trained_on != episodes:
+        raise ValueError(f"dataset {ds.root} now holds {episodes} episodes per task, but the run in {out} trained on "
+                         f"{trained_on}: resuming would train on other data. Give dataset=PATH of the run's data, a "
+                         "new hydra.run.dir=PATH for a new run, or restart=true to move this run aside")
+    record = {"settings": run_settings(cfg), "dataset_episodes": episodes}
     pcfg = _with_aux_state(pcfg, ds)
     t_data = time.time() - t_start
     ckpt = out / "checkpoint"
     curve: list[dict[str, Any]] = []
-    start_step = 0
-    if (ckpt / "trainer_state.pt").exists():
+    if start_step:
         policy = load_policy(str(ckpt), device=cfg.device)
         state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        start_step, curve = int(state["step"]), list(state["curve"])
+        curve = list(state["curve"])
         log.info("resuming from %s at step %d", ckpt, start_step)
     else:
         stats = ds.stats
@@ -381,7 +598,7 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     t_train = time.time()
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=f"train {name}",
                disable=not cfg.progress)
-    step = start_step
+    done = start_step  # steps whose updates the weights hold: what every checkpoint and snapshot is labelled
     try:
         for step in bar:
             batch = batcher.sample(cfg.batch_size)
@@ -389,9 +606,11 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            policy.ema_update()
+            with _held_interrupts():
+                opt.step()
+                sched.step()
+                policy.ema_update()
+                done = step + 1
             if step % 25 == 0:
                 losses.append((step, logs["loss"]))
                 tb.add_scalar("train/loss", logs["loss"], step)
@@ -404,24 +623,24 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
                 log.info("step %d/%d loss %.4f%s (%.0f s)", step + 1, cfg.steps, logs["loss"],
                          f" (aux state {logs['aux_state_loss']:.4f})" if "aux_state_loss" in logs else "",
                          time.time() - t_train)
-            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                periodic_eval(step + 1)
-            if cfg.snapshot_every and (step + 1) % cfg.snapshot_every == 0:
-                _snapshot(deployed, step + 1, out)  # before _save: a crash in between still resumes to it
-            if (step + 1) % cfg.save_every == 0:
-                _save(deployed, opt, sched, step + 1, curve, out)
-        step = cfg.steps
-    except KeyboardInterrupt:
-        log.warning("interrupted at step %d: saving a checkpoint to resume from", step)
-        _save(deployed, opt, sched, step, curve, out)
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                periodic_eval(done)
+            if cfg.snapshot_every and done % cfg.snapshot_every == 0:
+                _snapshot(deployed, done, out)  # before _save: a crash in between still resumes to it
+            if done % cfg.save_every == 0:
+                _save(deployed, opt, sched, done, curve, out, record)
+    except KeyboardInterrupt:  # keep the steps done (train() then says what is kept)
+        with _held_interrupts(reraise=False):
+            _save(deployed, opt, sched, done, curve, out, record)
         raise
     finally:
         bar.close()
     train_time = time.time() - t_train
-    samples_per_s = (cfg.steps - start_step) * cfg.batch_size / max(train_time, 1e-9)
+    trained = done - start_step
+    samples_per_s = trained * cfg.batch_size / max(train_time, 1e-9) if trained else None
     if cfg.snapshot_every:
-        _snapshot(deployed, cfg.steps, out)
-    _save(deployed, opt, sched, cfg.steps, curve, out)
+        _snapshot(deployed, done, out)
+    _save(deployed, opt, sched, done, curve, out, record)
 
     policy.eval()
     workers = _workers(cfg, len(tasks) * 2 * cfg.eval_episodes)
@@ -434,11 +653,12 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     else:
         metrics, results = evaluate(deployed, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,
                                     cfg.num_envs, vector, kw, videos=cfg.videos, progress=cfg.progress)
-    curve.append({"step": cfg.steps, "success_rate": metrics["success_rate"]})
+    curve.append({"step": done, "success_rate": metrics["success_rate"]})
     videos = save_videos(out, results) if cfg.videos else {}
     metrics.update({
-        "policy": name, "suite": cfg.suite, "obs_mode": cfg.obs_mode, "steps": cfg.steps,
-        "batch_size": cfg.batch_size, "demos": cfg.demos, "demo_noise": cfg.demo_noise,
+        "policy": name, "suite": cfg.suite, "tasks": tasks, "obs_mode": cfg.obs_mode, "steps": done,
+        "resumed_from_step": start_step, "batch_size": cfg.batch_size, "demos": cfg.demos,
+        "demo_noise": cfg.demo_noise, "dataset": str(ds.root), "dataset_episodes": episodes,
         "checkpoint": str(ckpt), "videos": videos, "success_curve": curve,
         "final_loss": losses[-1][1] if losses else None, "parameters": n_params,
         "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,
@@ -447,6 +667,6 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     write_json(out / "metrics.json", metrics)
     write_report(out, metrics, f"{name} policy on {cfg.suite} ({cfg.obs_mode})", videos)
     plot_curve(out / "training_curve.png", losses, curve)
-    tb.add_scalar("eval/final_success_rate", metrics["success_rate"], cfg.steps)
+    tb.add_scalar("eval/final_success_rate", metrics["success_rate"], done)
     tb.close()
     return metrics
