@@ -10,11 +10,11 @@ import importlib
 import sys
 
 COMMANDS = {
-    "train": ("embodied.runtime.train", "train a policy from scripted demonstrations, then evaluate it"),
-    "eval": ("embodied.runtime.eval", "evaluate a checkpoint (or the scripted experts) on a suite"),
-    "collect": ("embodied.runtime.collect", "record scripted-expert demonstrations to a dataset"),
-    "play": ("embodied.runtime.play", "run one episode with your own instruction and save a video"),
-    "bench": ("embodied.runtime.bench", "measure simulation, rendering and policy speed"),
+    "train": ("embodied.commands.train", "train a policy from scripted demonstrations, then evaluate it"),
+    "eval": ("embodied.commands.eval", "evaluate a checkpoint (or the scripted experts) on a suite"),
+    "collect": ("embodied.commands.collect", "record scripted-expert demonstrations to a dataset"),
+    "play": ("embodied.commands.play", "run one episode with your own instruction and save a video"),
+    "bench": ("embodied.commands.bench", "measure simulation, rendering and policy speed"),
 }
 
 
