@@ -15,6 +15,7 @@ COMMANDS = {
     "collect": ("embodied.commands.collect", "record scripted-expert demonstrations to a dataset"),
     "play": ("embodied.commands.play", "run one episode with your own instruction and save a video"),
     "bench": ("embodied.commands.bench", "measure simulation, rendering and policy speed"),
+    "steer": ("embodied.commands.steer", "improve a frozen flow/diffusion policy by RL on its initial noise"),
 }
 
 
