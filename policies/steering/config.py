@@ -7,6 +7,7 @@ algorithm and overrides fields (``embodied steer steer=na steer.utd=2``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from policies.common.config import check_choice, check_float, check_int
 
@@ -36,10 +37,18 @@ class SteerConfig:
         gamma: discount per noise step (one executed chunk).
         tau: target-network averaging rate (SAC, TD3, NA).
         buffer_size: replay capacity in noise transitions.
-        learning_starts: noise transitions collected with uniform random noise before the
-            first update (SAC, TD3, NA).
+        learning_starts: noise transitions collected with the base policy's own noise,
+            N(0, I) clipped to the bound, before the first update (SAC, TD3, NA).
         ent_coef: SAC's entropy coefficient, ``"auto"`` or ``"auto_0.1"`` (tuned, from an
-            initial value) or a number; NA's actor uses the same rule.
+            initial value; ``"auto"`` starts at 1) or a number; NA's actor uses the same rule.
+            Start small: a noise policy has Dw dimensions of entropy, whose bonus at a
+            coefficient of 1 outweighs a reward of at most 1 per step.
+        target_entropy: the entropy the tuned coefficient aims at, in nats (None: SB3's
+            -Dw). DSRL's 0 keeps the noise policy from collapsing onto the bound early.
+        reward_offset: subtracted from every noise step's reward before the learner sees it.
+            1 turns the sparse success reward into -1 per step until success (DSRL's
+            ``reward_offset``); without it, SAC's entropy bonus pays for staying alive and the
+            agent learns to avoid the success that ends its episode.
         action_noise: TD3's Gaussian exploration noise, as a fraction of ``bound``.
         n_steps: PPO's rollout length per env; ``n_epochs``: its passes over a rollout.
         na_target: DSRL-NA's bootstrap: ``"decode"`` (the paper's: Q^A of the decoded next
@@ -62,8 +71,10 @@ class SteerConfig:
     gamma: float = 0.99
     tau: float = 0.005
     buffer_size: int = 200_000
-    learning_starts: int = 200
-    ent_coef: str = "auto"
+    learning_starts: int = 500
+    ent_coef: str = "auto_0.01"
+    target_entropy: Optional[float] = 0.0
+    reward_offset: float = 1.0
     action_noise: float = 0.1
     n_steps: int = 256
     n_epochs: int = 10
@@ -90,6 +101,9 @@ class SteerConfig:
         check_float("gamma", self.gamma, 0.0, 1.0)
         check_float("tau", self.tau, 0.0, 1.0, low_open=True)
         check_float("action_noise", self.action_noise, 0.0)
+        check_float("reward_offset", self.reward_offset, -1e9)
+        if self.target_entropy is not None:
+            check_float("target_entropy", self.target_entropy, -1e9)
         self.ent_coef = str(self.ent_coef)
         if not (self.ent_coef == "auto" or self.ent_coef.startswith("auto_") or _is_number(self.ent_coef)):
             raise ValueError(f"ent_coef={self.ent_coef!r} is not allowed: must be 'auto', 'auto_<initial value>' "

@@ -10,7 +10,7 @@ Three networks on the frozen policy's features f (C,):
                (f, w, decode(f, w)), w ~ N(0, I) clipped to the bound (decoded while collecting,
                in the env's own batch, so an update decodes nothing), plus the executed pairs
     pi^W(f)    tanh-Gaussian noise actor in [-bound, bound]^Dw, maximising Q^W - alpha log pi,
-               alpha tuned to a target entropy of -Dw (as SAC)
+               alpha tuned to ``cfg.target_entropy`` (as SAC)
 
 Because Q^A lives in action space, any action-space data trains it: ``add_transitions``
 takes demonstrations (``expert_transitions`` plays a task's scripted expert chunk by chunk).
@@ -174,7 +174,7 @@ class NoiseAliasing:
             (1.0 if cfg.ent_coef == "auto" else float(cfg.ent_coef))
         self.log_alpha = torch.tensor(np.log(init), dtype=torch.float32, requires_grad=cfg.ent_coef.startswith("auto"))
         self.opt_alpha = torch.optim.Adam([self.log_alpha], lr)
-        self.target_entropy = -float(wdim)
+        self.target_entropy = -float(wdim) if cfg.target_entropy is None else float(cfg.target_entropy)
         self.replay = Replay(cfg.buffer_size, {"f": (c,), "a": (adim,), "r": (), "f2": (c,), "term": ()})
         self.alias = Replay(cfg.buffer_size * (env.alias_samples + 1), {"f": (c,), "w": (wdim,), "a": (adim,)})
         self.updates, self.collected = 0, 0
@@ -183,8 +183,10 @@ class NoiseAliasing:
     def add_transitions(self, f: np.ndarray, a: np.ndarray, r: np.ndarray, f2: np.ndarray, term: np.ndarray) -> None:
         """Action-space transitions (demonstrations, other policies' data) for Q^A: features
         (N, C), executed actions (N, Ta, Da) or (N, Ta*Da), rewards (N,), next features (N, C),
-        terminated (N,) (a truncated episode is not terminated)."""
+        terminated (N,) (a truncated episode is not terminated); ``cfg.reward_offset`` is
+        subtracted from the rewards here."""
         n = len(f)
+        r = np.asarray(r, np.float32) - self.cfg.reward_offset
         self.replay.add(f=f, a=np.asarray(a, np.float32).reshape(n, -1), r=r, f2=f2, term=np.asarray(term, np.float32))
 
     def _store(self, f: np.ndarray, w: np.ndarray, r: np.ndarray, f2: np.ndarray, dones: np.ndarray,
@@ -251,8 +253,9 @@ class NoiseAliasing:
         self.env.seed(cfg.seed)
         f = self.env.reset()
         while True:
-            if self.collected < cfg.learning_starts:
-                w = self.rng.uniform(-self.space.bound, self.space.bound, (n, self.space.dim)).astype(np.float32)
+            if self.collected < cfg.learning_starts:  # the base policy's own noise, N(0, I) clipped
+                w = np.clip(self.rng.standard_normal((n, self.space.dim)), -self.space.bound,
+                            self.space.bound).astype(np.float32)
             else:
                 with torch.no_grad():
                     w = self.actor.sample(torch.as_tensor(f, device=self.device))[0].cpu().numpy()

@@ -79,8 +79,8 @@ class NoiseSpace:
         """Dw, the size of one noise action."""
         return self.rows * self.action_dim if self.mode == "full" else self.action_dim
 
-    def box(self) -> gym.spaces.Box:
-        return gym.spaces.Box(-self.bound, self.bound, (self.dim,), np.float32)
+    def box(self) -> "NoiseBox":
+        return NoiseBox(self.bound, self.dim)
 
     def check(self, w: Any, rows: int | None = None) -> np.ndarray:
         """``w`` as a (B, Dw) float32 array; InvalidActionError for a wrong shape, NaN/inf, or a
@@ -114,6 +114,21 @@ class NoiseSpace:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "NoiseSpace":
         return cls(int(d["horizon"]), int(d["action_dim"]), str(d["mode"]), int(d["rows"]), float(d["bound"]))
+
+
+class NoiseBox(gym.spaces.Box):
+    """Box(-bound, bound)^dim whose ``sample()`` is the base policy's own noise, N(0, I) clipped.
+
+    Learners that start with random actions (SB3's ``learning_starts``) then collect the
+    base policy's behaviour, not uniform noise (DSRL's initial rollouts).
+    """
+
+    def __init__(self, bound: float, dim: int, seed: int | None = None):
+        super().__init__(-bound, bound, (dim,), np.float32, seed=seed)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> np.ndarray:
+        w = self.np_random.standard_normal(self.shape)
+        return np.clip(w, self.low, self.high).astype(np.float32)
 
 
 def features(policy: Policy, obs_batch: Mapping[str, Any]) -> np.ndarray:

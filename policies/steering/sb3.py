@@ -20,7 +20,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.noise import NormalActionNoise, VectorizedActionNoise
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
 from policies.steering.config import SteerConfig
 from policies.steering.noise import NoiseSpace
@@ -38,11 +38,14 @@ def policy_kwargs(cfg: SteerConfig) -> dict[str, Any]:
 
 def make_algorithm(cfg: SteerConfig, env: VecEnv, tensorboard_log: str | None = None, device: str = "cpu",
                    verbose: int = 0) -> BaseAlgorithm:
-    """An SB3 ``cfg.algo`` learner on ``env`` (any Box action space: noise or raw actions).
+    """An SB3 ``cfg.algo`` learner on ``env`` (any Box action space: noise or raw actions),
+    which sees rewards minus ``cfg.reward_offset``.
 
     ``cfg.utd`` gradient steps per collected transition: SB3's ``gradient_steps`` is
     ``utd * env.num_envs`` (it counts per vector step).
     """
+    if cfg.reward_offset:
+        env = OffsetReward(env, cfg.reward_offset)
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo={cfg.algo!r} is not an SB3 algorithm: must be one of {sorted(ALGOS)} "
                          "('na' runs policies.steering.na.NoiseAliasing)")
@@ -54,7 +57,8 @@ def make_algorithm(cfg: SteerConfig, env: VecEnv, tensorboard_log: str | None = 
                tau=cfg.tau, train_freq=1, gradient_steps=cfg.utd * env.num_envs)
     if cfg.algo == "sac":
         ent = cfg.ent_coef if cfg.ent_coef.startswith("auto") else float(cfg.ent_coef)
-        return SAC("MlpPolicy", env, ent_coef=ent, **off, **common)
+        target = "auto" if cfg.target_entropy is None else float(cfg.target_entropy)
+        return SAC("MlpPolicy", env, ent_coef=ent, target_entropy=target, **off, **common)
     box = env.action_space
     assert isinstance(box, gym.spaces.Box)
     sigma = cfg.action_noise * (box.high - box.low) / 2
@@ -62,6 +66,21 @@ def make_algorithm(cfg: SteerConfig, env: VecEnv, tensorboard_log: str | None = 
     if env.num_envs > 1:
         noise = VectorizedActionNoise(noise, env.num_envs)
     return TD3("MlpPolicy", env, action_noise=noise, **off, **common)
+
+
+class OffsetReward(VecEnvWrapper):
+    """Rewards minus ``offset`` per step (``SteerConfig.reward_offset``); the ``info`` dicts are untouched."""
+
+    def __init__(self, venv: VecEnv, offset: float):
+        super().__init__(venv)
+        self.offset = float(offset)
+
+    def reset(self) -> Any:
+        return self.venv.reset()
+
+    def step_wait(self) -> Any:
+        obs, rewards, dones, infos = self.venv.step_wait()
+        return obs, rewards - self.offset, dones, infos
 
 
 class SB3Actor(NoiseActor):
