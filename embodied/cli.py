@@ -20,6 +20,7 @@ COMMANDS = {
     "robot": ("embodied.commands.robot", "run a policy on a robot through the bridge: run | bench | sim-server"),
     "prefer": ("embodied.commands.prefer", "learn a reward from preferences with any teacher (run|eval|plot)"),
     "label": ("embodied.commands.label", "serve the labelling page: compare two clips, every answer saved at once"),
+    "steer": ("embodied.commands.steer", "improve a frozen flow/diffusion policy by RL on its initial noise"),
 }
 
 

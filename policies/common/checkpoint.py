@@ -8,6 +8,8 @@ action specs, the task names and the text encoder (whose frozen weights are not 
 MiniLM comes from its package, open_clip from ``openclip_checkpoint``). A policy that
 grounds unfamiliar instructions (``ground_instructions``) also has ``grounding.npz``: its
 training wordings and the first states of its demonstrations (``policies.common.grounding``).
+A steered policy (``policies.steering``) also has ``steering.json`` and ``steering.safetensors``:
+its noise actor, wrapped around the rest by ``load_trained``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from embodied.core.specs import ActionSpec, ObservationSpec
 from embodied.core.policy import Policy, PolicyWrapper
 from policies.common.grounding import GROUNDING_FILE, GroundedPolicy
+from policies.steering.policy import SteeredPolicy, is_steered, remove_steering
 
 if TYPE_CHECKING:
     from policies.common.base import TorchPolicy
@@ -35,11 +38,12 @@ def save_policy(policy: Policy, path: str | Path) -> Path:
     """Write the checkpoint directory ``path`` (created if needed); returns it.
 
     ``policy`` is a ``TorchPolicy``, or wrapper policies around one: a ``GroundedPolicy``
-    among them also writes its index (``grounding.npz``).
+    among them also writes its index (``grounding.npz``), a ``SteeredPolicy`` its noise actor.
     """
     from safetensors.torch import save_file
 
     grounded = _find_wrapper(policy, GroundedPolicy)
+    steered = _find_wrapper(policy, SteeredPolicy)
     policy = policy.unwrapped  # type: ignore[assignment]
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,6 +63,11 @@ def save_policy(policy: Policy, path: str | Path) -> Path:
         grounded.grounding.save(out / GROUNDING_FILE)
     else:  # never leave another policy's index beside these weights
         (out / GROUNDING_FILE).unlink(missing_ok=True)
+    # latent-noise steering (policies.steering): the noise actor beside the frozen weights
+    if steered is not None:
+        steered.save_steering(out)
+    else:
+        remove_steering(out)
     return out
 
 
@@ -134,7 +143,8 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec:
 
 def load_trained(path: str | Path, device: str | torch.device = "auto",
                  ground_instructions: bool | None = None) -> Policy:
-    """The policy as trained: ``load_policy``, wrapped in a ``GroundedPolicy`` when it grounds.
+    """The policy as trained: ``load_policy``, wrapped in a ``GroundedPolicy`` when it grounds
+    and in a ``SteeredPolicy`` when the folder holds a steering actor.
 
     Args:
         path: checkpoint directory.
@@ -152,9 +162,12 @@ def load_trained(path: str | Path, device: str | torch.device = "auto",
                          "(`embodied train ... ground_instructions=true` builds one)")
     if ground_instructions is not None:
         policy.config.ground_instructions = bool(ground_instructions)
+    trained: Policy = policy
     if policy.config.ground_instructions and grounding is not None:
-        return GroundedPolicy(policy, grounding)
-    return policy
+        trained = GroundedPolicy(policy, grounding)
+    if is_steered(path):  # latent-noise steering: the noise actor saved beside the weights
+        trained = SteeredPolicy.load(path, trained)
+    return trained
 
 
 def _find_wrapper(policy: Policy, cls: type) -> Any:

@@ -1,0 +1,375 @@
+"""``embodied steer``: improve a frozen flow/diffusion checkpoint by RL on its initial noise.
+
+    embodied steer checkpoint=RUN/checkpoint task=reach reward=sparse env_steps=30000
+    embodied steer checkpoint=... task=reach steer=na demos=20          # DSRL-NA, from 20 expert episodes
+    embodied steer checkpoint=... task=reach compare=[raw_sac,residual_sac,dsrl_na]   # side by side
+
+Steps: (1) load the checkpoint (refused when its chunk does not depend on noise, e.g. the
+MLP floor) and evaluate it on fixed held-out seeds (``eval_seed`` on; the training
+episodes use seeds from ``seed``), on training and held-out wordings; (2) train the noise
+policy (``steer``: SB3 SAC by default, ``policies.steering``) on ``num_envs`` envs of the
+task's training wordings for ``env_steps`` environment steps, with a progress bar,
+TensorBoard (``tb/``) and an evaluation every ``eval_every`` env steps; (3) evaluate the
+steered policy as in (1) and save it to ``checkpoint/`` (the base weights plus the noise
+actor: ``embodied eval checkpoint=RUN/checkpoint`` and ``embodied play`` load it as any
+other); (4) run each ``compare`` method on the same env-step budget and seeds.
+
+Writes ``metrics.json`` (``success_before``, ``success_after``, ``env_steps``,
+``wall_time_s``, ``curve``: success vs env steps, ``compare``: each method's curve, final
+success and the env steps it needed to reach the steered policy's success), ``steer_curve.png``,
+``report.md`` and videos of the policy before (``before/videos``) and after (``after/videos``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from embodied.core.errors import UnknownNameError
+from embodied.core.registry import get_task, make_env
+from embodied.core.reward import RewardModel
+from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
+from embodied.runtime.evaluate import evaluate, pct, save_videos, write_json
+from policies.steering.config import SteerConfig
+
+log = logging.getLogger("embodied.steer")
+
+#: methods a run can compare with its own (``compare=[...]``); dsrl_<algo> is steering with that algorithm
+COMPARE = ("raw_sac", "residual_sac", "dsrl_sac", "dsrl_td3", "dsrl_ppo", "dsrl_na")
+
+
+@dataclass
+class SteerRunConfig:
+    """Schema of ``configs/steer.yaml`` (the noise policy's own fields live in ``configs/steer/``)."""
+
+    checkpoint: str = ""  # RUN/checkpoint of `embodied train` (a flow or diffusion policy)
+    task: str = ""
+    reward: str = "sparse"  # sparse | dense | module:Class of an embodied.core.reward.RewardModel
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # constructor arguments of that class
+    env_steps: int = 30_000  # environment steps (executed actions) of training, per method
+    # steer=sac|td3|ppo|na (config group configs/steer/); any field as steer.<field>=value
+    steer: SteerConfig = field(default_factory=SteerConfig)
+    compare: list[str] = field(default_factory=list)  # other methods on the same budget (COMPARE)
+    demos: int = 0  # DSRL-NA: scripted-expert episodes whose chunks seed the action critic
+    residual_scale: float = 0.3  # residual_sac: residual = scale x action in [-1, 1]
+    baseline_utd: int = 1  # raw_sac / residual_sac: gradient steps per transition
+    num_envs: int = 4  # training envs (one batched decode per step)
+    eval_every: int = 5000  # env steps between evaluations (0: before and after only)
+    eval_episodes: int = 20  # periodic evaluation, per wording split
+    final_episodes: int = 50  # before/after evaluation, per wording split
+    eval_seed: int = 100_000  # held-out seeds: episode k uses eval_seed + k
+    splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
+    seed: int = 0  # training episodes' seeds and the learners' seeds
+    videos: int = 2  # episodes recorded before and after (one success and one failure saved)
+    num_inference_steps: int = 0  # 0: the checkpoint's sampler steps
+    device: str = "cpu"
+    threads: int = 1  # torch CPU threads
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("checkpoint is required: give checkpoint=RUN/checkpoint (a flow or diffusion policy "
+                             "trained by `embodied train`)")
+        if not self.task:
+            raise ValueError("task is required: give task=NAME (one of the checkpoint's tasks)")
+        for name in ("env_steps", "num_envs", "eval_episodes", "final_episodes", "threads", "baseline_utd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is not allowed: must be >= 1")
+        for name in ("eval_every", "demos", "videos", "num_inference_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} is not allowed: must be >= 0")
+        if not self.residual_scale > 0:
+            raise ValueError(f"residual_scale={self.residual_scale} is not allowed: must be > 0")
+        bad = [m for m in self.compare if m not in COMPARE]
+        if bad:
+            raise UnknownNameError("compare method", bad[0], list(COMPARE))
+        if self.reward not in ("sparse", "dense") and ":" not in self.reward:
+            raise ValueError(f"reward={self.reward!r} is not allowed: must be 'sparse', 'dense' or 'module:Class' of a "
+                             "RewardModel")
+        if not self.splits or any(s not in ("train", "heldout") for s in self.splits):
+            raise ValueError(f"splits={self.splits} is not allowed: a non-empty list of 'train', 'heldout'")
+
+
+def make_reward_model(spec: str, kwargs: dict[str, Any]) -> RewardModel:
+    """Instantiate the ``RewardModel`` named by ``"module:Class"``."""
+    module, _, attr = spec.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"reward={spec!r}: cannot import it ({e})") from None
+    model = cls(**kwargs)
+    if not isinstance(model, RewardModel):
+        raise ValueError(f"reward={spec!r} is a {type(model).__name__}, not an embodied.core.reward.RewardModel")
+    return model
+
+
+@dataclass
+class Run:
+    """One method's training: its curve, the policy it ends with and what it cost."""
+
+    name: str
+    policy: Any
+    curve: list[dict[str, Any]]
+    env_steps: int
+    wall_time_s: float
+    train_success: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Steering:
+    """Everything a run shares: the base policy, the envs' settings, evaluation and logging."""
+
+    def __init__(self, cfg: SteerRunConfig, out: Path):
+        import torch
+
+        from policies.steering.noise import NoiseSpace, check_steerable
+        from policies.steering.policy import SteeredPolicy
+
+        self.cfg, self.out = cfg, out
+        torch.set_num_threads(cfg.threads)
+        get_task(cfg.task)
+        self.base = load_for_eval(cfg.checkpoint, cfg.device, cfg.num_inference_steps)
+        if isinstance(self.base, SteeredPolicy):
+            raise ValueError(f"checkpoint {cfg.checkpoint!r} is already steered (it has a steering.json); give the "
+                             "checkpoint of `embodied train` it was steered from")
+        check_steerable(self.base)
+        self.steer_cfg = cfg.steer
+        self.space = NoiseSpace.for_policy(self.base, self.steer_cfg)
+        self.env_kw = policy_env_kwargs(self.base, [cfg.task])
+        self.reward: Any = cfg.reward
+        train_kw = dict(self.env_kw, instruction_split="train")
+        if ":" in cfg.reward:
+            self.reward = make_reward_model(cfg.reward, cfg.reward_kwargs)
+            if "frames" in self.reward.inputs:
+                train_kw["render_mode"] = "rgb_array"
+        self.make_train_env: Callable[[], Any] = partial(make_env, cfg.task, **train_kw)
+        self.task_arg = cfg.task if self.base.unwrapped.config.text_encoder == "onehot" else None
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(out / "tb"))
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def evaluate(self, policy: Any, episodes: int, videos: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Success on the held-out seeds: ``success`` (training wordings), ``heldout`` (held-out wordings)."""
+        metrics, results = evaluate(policy, [self.cfg.task], episodes, self.cfg.splits, self.cfg.eval_seed,
+                                    num_envs=1, vector="sync", env_kwargs=self.env_kw, videos=videos,
+                                    progress=False)
+        p = metrics["per_task"][self.cfg.task]
+        summary = {"success": p.get("success_rate"), "heldout": p.get("heldout", {}).get("success_rate"),
+                   "ci": [p["ci_low"], p["ci_high"]] if "ci_low" in p else None, "episodes": episodes}
+        return summary, results
+
+    def point(self, name: str, policy: Any, env_steps: int, curve: list[dict[str, Any]]) -> dict[str, float]:
+        """Evaluate ``policy`` at ``env_steps``, append to ``curve`` and TensorBoard; the bar's postfix."""
+        t = time.time()
+        s, _ = self.evaluate(policy, self.cfg.eval_episodes)
+        curve.append({"env_steps": int(env_steps), **s, "eval_time_s": time.time() - t})
+        for key in ("success", "heldout"):
+            if s[key] is not None:
+                self.tb.add_scalar(f"{name}/{key}", s[key], env_steps)
+        log.info("%s: %d env steps, success %s (held-out wordings %s)", name, env_steps, pct(s["success"]),
+                 pct(s["heldout"]))
+        return {k: s[k] for k in ("success", "heldout") if s[k] is not None}
+
+    # ---- methods ----------------------------------------------------------------------------
+    def run(self, name: str) -> Run:
+        """Train method ``name`` (``dsrl_<algo>``, ``raw_sac`` or ``residual_sac``) on the budget."""
+        from policies.steering.progress import Progress
+
+        t0 = time.time()
+        curve: list[dict[str, Any]] = []
+        learner, policy, extra = self._build(name)
+        self.point(name, policy, 0, curve)
+        progress = Progress(self.cfg.env_steps, lambda steps: self.point(name, policy, steps, curve),
+                            self.cfg.eval_every, desc=name, show=self.cfg.progress)
+        try:
+            learner(progress)
+        finally:
+            progress.close()
+        self.point(name, policy, progress.env_steps, curve)
+        self.tb.flush()
+        return Run(name, policy, curve, progress.env_steps, time.time() - t0, progress.train_success, extra)
+
+    def _build(self, name: str) -> tuple[Callable[[Any], Any], Any, dict[str, Any]]:
+        """(learn(progress), the policy it trains, extras for metrics.json) of method ``name``."""
+        from policies.steering.sb3 import ProgressCallback, SB3Actor, make_algorithm
+
+        cfg, n = self.cfg, self.cfg.num_envs
+        if name.startswith("dsrl_"):
+            return self._build_dsrl(replace(self.steer_cfg, algo=name[len("dsrl_"):]))
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        from policies.steering.baselines import RawActionEnv, RawActionPolicy, ResidualEnv, ResidualPolicy
+
+        base_cfg = replace(self.steer_cfg, algo="sac", utd=cfg.baseline_utd)
+        if name == "raw_sac":
+            fns = [lambda: RawActionEnv(self.make_train_env(), self.base, self.reward, self.task_arg)] * n
+        elif name == "residual_sac":
+            fns = [partial(lambda i: ResidualEnv(self.make_train_env(), self.base, self.reward, self.task_arg,
+                                                 cfg.residual_scale, seed=cfg.seed + i), i) for i in range(n)]
+        else:
+            raise UnknownNameError("steering method", name, list(COMPARE))
+        vec = DummyVecEnv(fns)
+        vec.seed(cfg.seed)
+        model = make_algorithm(base_cfg, vec, tensorboard_log=str(self.out / "tb"))
+        actor = SB3Actor.of(model, base_cfg)
+        if name == "raw_sac":
+            policy: Any = RawActionPolicy(self.base, actor, self.task_arg)
+        else:
+            policy = ResidualPolicy(self.base, actor, cfg.residual_scale, self.base.unwrapped.action_spec)
+
+        def learn(progress: Any) -> None:
+            model.learn(cfg.env_steps, callback=ProgressCallback(progress), tb_log_name=name)
+
+        return learn, policy, {"utd": base_cfg.utd}
+
+    def _build_dsrl(self, scfg: Any) -> tuple[Callable[[Any], Any], Any, dict[str, Any]]:
+        from policies.steering.env import NoiseVecEnv
+        from policies.steering.policy import SteeredPolicy
+
+        cfg, name = self.cfg, f"dsrl_{scfg.algo}"
+        k = scfg.na_alias_samples if scfg.algo == "na" else 0
+        vec = NoiseVecEnv([self.make_train_env] * cfg.num_envs, self.base, self.space, self.reward, self.task_arg,
+                          alias_samples=k, seed=cfg.seed)
+        vec.seed(cfg.seed)
+        extra: dict[str, Any] = {"steer": {**vars(scfg), "net_arch": list(scfg.net_arch)}, "noise_dim": self.space.dim}
+        if scfg.algo == "na":
+            from policies.steering.na import NoiseAliasing, expert_transitions
+
+            learner = NoiseAliasing(vec, scfg, log=self.tb.add_scalar)
+            if cfg.demos:
+                env = self.make_train_env()
+                try:
+                    data, steps, rate = expert_transitions(env, self.base, self.reward, cfg.demos, cfg.seed + 50_000,
+                                                           self.task_arg)
+                finally:
+                    env.close()
+                learner.add_transitions(**data)
+                extra.update(demo_episodes=cfg.demos, demo_env_steps=steps, demo_success=rate)
+                log.info("%s: %d expert episodes (%d env steps, success %s) in the action critic's replay",
+                         name, cfg.demos, steps, pct(rate))
+            policy = SteeredPolicy(self.base, learner.noise_actor(), self.space)
+            return learner.learn, policy, extra
+        from policies.steering.sb3 import ProgressCallback, SB3Actor, make_algorithm
+
+        model = make_algorithm(scfg, vec, tensorboard_log=str(self.out / "tb"))
+        policy = SteeredPolicy(self.base, SB3Actor.of(model, scfg), self.space)
+
+        def learn(progress: Any) -> None:
+            model.learn(cfg.env_steps, callback=ProgressCallback(progress), tb_log_name=name)
+
+        return learn, policy, extra
+
+
+def steps_to_reach(curve: list[dict[str, Any]], target: float) -> int | None:
+    """Env steps of the first curve point whose success is at least ``target`` (None if none)."""
+    for p in curve:
+        if p.get("success") is not None and p["success"] >= target - 1e-9:
+            return int(p["env_steps"])
+    return None
+
+
+def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
+    """Run ``embodied steer``; returns the metrics written to ``out/metrics.json``."""
+    from policies import save_policy
+
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    s = Steering(cfg, out)
+    main = f"dsrl_{s.steer_cfg.algo}"
+    before, res = s.evaluate(s.base, cfg.final_episodes, videos=cfg.videos)
+    videos = {"before": save_videos(out / "before", res) if cfg.videos else {}}
+    log.info("before: success %s (held-out wordings %s) on %d held-out seeds", pct(before["success"]),
+             pct(before["heldout"]), cfg.final_episodes)
+    runs = [s.run(main)] + [s.run(m) for m in cfg.compare if m != main]
+    steered = runs[0]
+    after, res = s.evaluate(steered.policy, cfg.final_episodes, videos=cfg.videos)
+    videos["after"] = save_videos(out / "after", res) if cfg.videos else {}
+    save_policy(steered.policy, out / "checkpoint")
+    target = steered.curve[-1]["success"] or 0.0
+    reach_main = steps_to_reach(steered.curve, target)
+    compare = {}
+    for r in runs[1:]:
+        final, _ = s.evaluate(r.policy, cfg.final_episodes)
+        reach = steps_to_reach(r.curve, target)
+        compare[r.name] = {"curve": r.curve, "success_after": final["success"], "heldout_after": final["heldout"],
+                           "env_steps": r.env_steps, "wall_time_s": r.wall_time_s, "train_success": r.train_success,
+                           "steps_to_reach": reach, **r.extra,
+                           "steps_ratio": None if not reach_main else
+                           (reach / reach_main if reach is not None else None),
+                           "steps_ratio_at_least": (r.env_steps / reach_main) if reach is None and reach_main else None}
+    metrics = {
+        "task": cfg.task, "checkpoint": cfg.checkpoint, "method": main, "reward": cfg.reward,
+        "success_before": before["success"], "heldout_before": before["heldout"],
+        "success_after": after["success"], "heldout_after": after["heldout"],
+        "ci_before": before["ci"], "ci_after": after["ci"], "final_episodes": cfg.final_episodes,
+        "env_steps": steered.env_steps, "steps_to_reach": reach_main, "target_success": target,
+        "train_success": steered.train_success, "curve": steered.curve, "steer_wall_time_s": steered.wall_time_s,
+        **steered.extra, "compare": compare, "videos": videos, "eval_seed": cfg.eval_seed, "seed": cfg.seed,
+        "checkpoint_out": str(out / "checkpoint"),
+    }
+    metrics["wall_time_s"] = time.time() - t0
+    s.tb.add_scalar(f"{main}/success_after", after["success"] or 0.0, steered.env_steps)
+    s.tb.close()
+    write_json(out / "metrics.json", metrics)
+    plot_curves(out / "steer_curve.png", metrics)
+    write_report(out, metrics)
+    return metrics
+
+
+def plot_curves(path: Path, metrics: dict[str, Any]) -> Path:
+    """Success (training wordings, held-out seeds) vs env steps of every method of a run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series = [(metrics["method"], metrics["curve"])] + [(k, v["curve"]) for k, v in metrics["compare"].items()]
+    for name, curve in series:
+        pts = [(p["env_steps"], p["success"]) for p in curve if p.get("success") is not None]
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=name, lw=2 if name == metrics["method"] else 1)
+    if metrics.get("success_before") is not None:
+        ax.axhline(metrics["success_before"], color="grey", ls="--", lw=1, label="base policy")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("success (held-out seeds)")
+    ax.set_ylim(-0.03, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(f"{metrics['task']}: steering a frozen policy ({metrics['reward']} reward)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, m: dict[str, Any]) -> Path:
+    lines = [f"# Steering {m['checkpoint']} on {m['task']}", "",
+             f"{m['method']}, {m['reward']} reward, {m['env_steps']} env steps, {m['wall_time_s']:.0f} s. Success on "
+             f"{m['final_episodes']} held-out seeds per wording split:", "",
+             "| | training wordings | held-out wordings |", "|---|---|---|",
+             f"| before | {pct(m['success_before'])} | {pct(m['heldout_before'])} |",
+             f"| after | {pct(m['success_after'])} | {pct(m['heldout_after'])} |", ""]
+    if m["compare"]:
+        lines += [f"Same budget, same seeds; env steps to reach {pct(m['target_success'])} "
+                  f"({m['method']}: {m['steps_to_reach']}):", "",
+                  "| method | success after | held-out wordings | env steps to reach | ratio | wall time |",
+                  "|---|---|---|---|---|---|"]
+        for k, v in m["compare"].items():
+            ratio = f"{v['steps_ratio']:.1f}x" if v["steps_ratio"] is not None else (
+                f"> {v['steps_ratio_at_least']:.1f}x" if v["steps_ratio_at_least"] else "–")
+            lines.append(f"| {k} | {pct(v['success_after'])} | {pct(v['heldout_after'])} | "
+                         f"{v['steps_to_reach'] if v['steps_to_reach'] is not None else 'not reached'} | {ratio} | "
+                         f"{v['wall_time_s']:.0f} s |")
+        lines.append("")
+    lines += ["![success vs env steps](steer_curve.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,381 @@
+"""Latent-noise steering: the noise env, its bound, decoding, save/load, DSRL-NA's data, the command.
+
+Unit tests run a tiny flow policy on a toy gymnasium env (no simulator); the smoke tests
+save an untrained tiny policy for the ``reach`` task and run ``embodied steer`` on it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from embodied.core.errors import InvalidActionError
+from embodied.core.policy import stack_history
+from embodied.core.reward import RewardModel, RewardOutput
+from embodied.core.specs import ActionSpec, ObservationSpec
+from policies import load_trained, make_policy, save_policy
+from policies.steering.config import SteerConfig
+from policies.steering.env import NoiseEnv, NoiseVecEnv
+from policies.steering.noise import NoiseSpace, NotSteerableError, check_steerable, decode_features, features
+from policies.steering.policy import STEERING_FILE, SteeredPolicy
+from policies.steering.progress import Progress
+
+DS, DA, TO, H, TA = 5, 3, 2, 8, 4
+TINY = dict(n_obs_steps=TO, horizon=H, n_action_steps=TA, state_hidden=32, obs_dim=16, text_dim=16, warmup_steps=0,
+            hidden=64, n_layers=2, time_emb_dim=16, num_inference_steps=3)
+STATS = {"state": {"mean": np.zeros(DS), "std": np.ones(DS), "min": np.full(DS, -2.0), "max": np.full(DS, 2.0)},
+         "action": {"mean": np.zeros(DA), "std": np.ones(DA), "min": np.full(DA, -1.0), "max": np.full(DA, 1.0)}}
+INSTRUCTION = "move the dot to the goal"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class ToyEnv(gym.Env):
+    """A point in [-1, 1]^3 moved by the actions; success within 0.15 of a goal; 12 steps at most."""
+
+    def __init__(self, max_steps: int = 12, render_mode: str | None = None):
+        self.observation_space = gym.spaces.Dict({"state": gym.spaces.Box(-np.inf, np.inf, (DS,), np.float32),
+                                                  "instruction": gym.spaces.Text(64)})
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (DA,), np.float32)
+        self.max_steps, self.render_mode = max_steps, render_mode
+
+    def _obs(self):
+        return {"state": np.concatenate([self.x, self.goal[:2]]).astype(np.float32), "instruction": INSTRUCTION}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x = self.np_random.uniform(-0.5, 0.5, DA)
+        self.goal = np.array([*self.np_random.uniform(-0.5, 0.5, 2), 0.0])
+        self.t = 0
+        return self._obs(), {"success": False}
+
+    def step(self, action):
+        self.x = np.clip(self.x + 0.2 * np.asarray(action), -1, 1)
+        self.t += 1
+        d = float(np.linalg.norm(self.x - self.goal))
+        success = d < 0.15
+        return self._obs(), 1.0 - d, success, self.t >= self.max_steps, {"success": success,
+                                                                          "reward_terms": {"near": 1.0 - d}}
+
+    def expert_action(self):
+        return np.clip((self.goal - self.x) / 0.2, -1, 1).astype(np.float32)
+
+    def render(self):
+        return np.full((8, 8, 3), int(self.t), np.uint8)
+
+
+def tiny(family: str = "flow", seed: int = 0):
+    torch.manual_seed(seed)
+    extra = {} if family == "flow" else {"hidden": 64, "n_layers": 2}
+    cfg = TINY if family == "flow" else {k: v for k, v in TINY.items() if k not in ("time_emb_dim", "num_inference_steps")}
+    return make_policy(family, {**cfg, **extra}, ObservationSpec(state_dim=DS), ActionSpec(dim=DA), STATS, ["toy"],
+                       device="cpu")
+
+
+def space(policy, **kw) -> NoiseSpace:
+    return NoiseSpace.for_policy(policy, SteerConfig(**kw))
+
+
+def obs_batch(b: int = 3, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"state": rng.normal(size=(b, TO, DS)).astype(np.float32), "instruction": [INSTRUCTION] * b}
+
+
+class ConstActor:
+    """A noise actor with a fixed output (Dw,)."""
+
+    kind = "const"
+
+    def __init__(self, w):
+        self.w = np.asarray(w, np.float32)
+
+    def __call__(self, feats):
+        return np.tile(self.w, (len(feats), 1))
+
+
+def test_noise_space_full_shared_and_rows():
+    p = tiny()
+    full, shared, part = space(p), space(p, noise="shared"), space(p, noise_steps=TA)
+    assert (full.dim, shared.dim, part.dim) == (H * DA, DA, TA * DA)
+    w = np.random.default_rng(0).uniform(-1, 1, (2, DA)).astype(np.float32)
+    assert np.array_equal(shared.to_chunk(w), np.repeat(w[:, None], H, axis=1))
+    wp = np.random.default_rng(1).uniform(-1, 1, (2, TA * DA)).astype(np.float32)
+    chunk = part.to_chunk(wp)
+    assert np.array_equal(chunk[:, :TA].reshape(2, -1), wp) and not chunk[:, TA:].any()
+    with pytest.raises(ValueError, match="noise_steps=2 is not allowed.*from Ta=4 to H=8"):
+        space(p, noise_steps=2)
+    with pytest.raises(ValueError, match="noise=.*'full', 'shared'"):
+        SteerConfig(noise="half")
+
+
+def test_decode_is_deterministic_and_depends_on_the_noise():
+    p = tiny()
+    sp = space(p)
+    env = NoiseEnv(ToyEnv(), p, sp)
+    env.reset(seed=3)
+    batch = env._batch()
+    w = np.random.default_rng(0).uniform(-1.5, 1.5, sp.dim).astype(np.float32)
+    a = p.predict_chunk(batch, sp.to_chunk(w[None]))
+    b = p.predict_chunk(batch, sp.to_chunk(w[None]))
+    assert np.array_equal(a, b)
+    assert not np.allclose(a, p.predict_chunk(batch, sp.to_chunk(-w[None])))
+    # decoding from features gives predict_chunk's chunk (DSRL-NA decodes replayed features this way)
+    ob = obs_batch(3)
+    noise = sp.to_chunk(np.random.default_rng(2).uniform(-1.5, 1.5, (3, sp.dim)))
+    assert np.allclose(decode_features(p, features(p, ob), noise).numpy(), p.predict_chunk(ob, noise), atol=1e-6)
+    # the env executes the chunk's first Ta actions of exactly that decode (same seed, same noise, twice)
+    runs = []
+    for _ in range(2):
+        env.reset(seed=3)
+        runs.append(env.step(w)[4]["executed"])
+    assert np.array_equal(runs[0], runs[1]) and np.allclose(runs[0], a[0, :TA])
+
+
+def test_noise_bound_is_enforced():
+    p = tiny()
+    sp = space(p, bound=1.0)
+    env = NoiseEnv(ToyEnv(), p, sp)
+    env.reset(seed=0)
+    assert env.action_space.low.min() == -1.0 and env.action_space.high.max() == 1.0
+    w = np.zeros(sp.dim, np.float32)
+    w[5] = 1.2
+    with pytest.raises(InvalidActionError, match=r"1.2 is outside the noise bound \[-1.0, 1.0\]"):
+        env.step(w)
+    w[5] = np.nan
+    with pytest.raises(InvalidActionError, match="NaN"):
+        env.step(w)
+    with pytest.raises(InvalidActionError, match=r"shape \(1, 24\)"):
+        env.step(np.zeros(sp.dim + 1, np.float32))
+    # a steered policy clips its actor's noise to the bound before decoding
+    steered = SteeredPolicy(p, ConstActor(np.full(sp.dim, 7.0)), sp)
+    ob = obs_batch(2)
+    assert np.array_equal(steered.noise(ob), np.ones((2, sp.dim), np.float32))
+    assert np.array_equal(steered.predict_chunk(ob), p.predict_chunk(ob, sp.to_chunk(np.ones((2, sp.dim)))))
+
+
+def test_env_sums_the_executed_rewards_and_stops_at_the_episode_end():
+    p = tiny()
+    sp = space(p)
+    env = NoiseEnv(ToyEnv(max_steps=6), p, sp, reward="dense")
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == env.observation_space.shape and obs.dtype == np.float32
+    _, r, term, trunc, info = env.step(np.zeros(sp.dim, np.float32))
+    assert info["env_steps"] == TA and np.isclose(r, info["reward_terms"]["near"])
+    _, r, term, trunc, info = env.step(np.zeros(sp.dim, np.float32))
+    assert info["env_steps"] == 2 and (term or trunc) and "episode" in info and info["episode"]["l"] == 6
+    # sparse: 1 on the step that succeeds (the toy ends on success)
+    env = NoiseEnv(ToyEnv(), p, sp, reward="sparse")
+    env.reset(seed=1)
+    total = sum(env.step(np.zeros(sp.dim, np.float32))[1] for _ in range(3))
+    assert total in (0.0, 1.0)
+
+
+def test_reward_model_source_reads_states_and_frames():
+    class Model(RewardModel):
+        inputs = frozenset({"frames", "states"})
+
+        def score(self, frames, states, instruction):
+            return RewardOutput(frames.mean(axis=(1, 2, 3)) + states[:, 0], {"frame": frames.mean(axis=(1, 2, 3))})
+
+    p = tiny()
+    sp = space(p)
+    env = NoiseEnv(ToyEnv(render_mode="rgb_array"), p, sp, reward=Model())
+    env.reset(seed=0)
+    _, r, *_, info = env.step(np.zeros(sp.dim, np.float32))
+    assert np.isclose(info["reward_terms"]["frame"], 1 + 2 + 3 + 4)  # frames of steps 1..4
+    replay = ToyEnv()
+    replay.reset(seed=0)
+    xs = [replay.step(a)[0]["state"][0] for a in info["executed"]]
+    assert np.isclose(r, 10 + sum(xs), atol=1e-5)  # frame + state term, summed over the executed steps
+    with pytest.raises(ValueError, match="'sparse', 'dense'"):
+        NoiseEnv(ToyEnv(), p, sp, reward="shaped")
+
+
+def test_vec_env_batches_the_decode_and_resets_finished_envs():
+    p = tiny()
+    sp = space(p)
+    vec = NoiseVecEnv([lambda: ToyEnv(max_steps=6)] * 2, p, sp, reward="dense", alias_samples=2)
+    vec.seed(5)
+    f = vec.reset()
+    assert f.shape == (2, vec.observation_space.shape[0])
+    single = NoiseEnv(ToyEnv(max_steps=6), p, sp, reward="dense")
+    fs, _ = single.reset(seed=6)  # the vector env's second sub-env got seed 5 + 1
+    assert np.allclose(fs, f[1], atol=1e-5)
+    w = np.random.default_rng(0).uniform(-1, 1, (2, sp.dim)).astype(np.float32)
+    _, r, done, infos = vec.step(w)
+    _, rs, *_, info_s = single.step(w[1])
+    assert np.allclose(infos[1]["chunk"], info_s["executed"], atol=1e-5) and np.isclose(r[1], rs, atol=1e-5)
+    assert infos[0]["alias_noise"].shape == (2, sp.dim) and infos[0]["alias_chunk"].shape == (2, TA, DA)
+    assert np.abs(infos[0]["alias_noise"]).max() <= sp.bound
+    _, _, done, infos = vec.step(w)
+    assert done.all() and all("terminal_observation" in i and i["TimeLimit.truncated"] for i in infos)
+    assert all(r.length == 0 for r in vec.runners)  # reset at once
+
+
+def test_alias_pairs_are_the_decodes_of_their_noise():
+    from policies.steering.na import NoiseAliasing
+
+    p = tiny()
+    cfg = SteerConfig(algo="na", net_arch=(32, 32), batch_size=8, learning_starts=4, utd=1, na_alias_samples=2)
+    sp = NoiseSpace.for_policy(p, cfg)
+    vec = NoiseVecEnv([ToyEnv] * 2, p, sp, reward="sparse", alias_samples=2)
+    na = NoiseAliasing(vec, cfg)
+    progress = Progress(40, show=False)
+    na.learn(progress)
+    assert 40 <= progress.env_steps < 40 + 2 * TA and na.updates > 0
+    n = na.replay.size
+    assert na.alias.size == 3 * n  # the executed noise and two random ones per transition
+    f, w, a = (na.alias.data[k][: na.alias.size] for k in ("f", "w", "a"))
+    decoded = decode_features(p, torch.as_tensor(f), torch.as_tensor(sp.to_chunk(w)))[:, :TA].reshape(len(f), -1)
+    assert np.allclose(decoded.numpy(), a, atol=1e-5)
+
+
+def test_expert_transitions_fill_the_action_critic_replay():
+    from policies.steering.na import expert_transitions
+
+    p = tiny()
+    data, steps, rate = expert_transitions(ToyEnv(), p, "sparse", episodes=3, seed=0)
+    n = len(data["f"])
+    assert rate == 1.0 and (n - 3) * TA < steps <= n * TA  # each episode's last chunk may stop early
+    assert data["a"].shape == (n, TA, DA) and data["f"].shape == data["f2"].shape == (n, 16 + 16)
+    assert data["term"].sum() == 3.0 and data["r"].sum() == 3.0  # one success per episode, where it ends
+    assert np.allclose(data["f"][1:][data["term"][:-1] == 0], data["f2"][:-1][data["term"][:-1] == 0])
+
+
+@pytest.mark.parametrize("algo", ["sac", "na"])
+def test_steered_policy_round_trips_through_save_load(tmp_path, algo):
+    p = tiny()
+    cfg = SteerConfig(algo=algo, net_arch=(32, 32), batch_size=16, learning_starts=8, utd=1, noise="shared")
+    sp = NoiseSpace.for_policy(p, cfg)
+    vec = NoiseVecEnv([ToyEnv] * 2, p, sp, alias_samples=2 if algo == "na" else 0)
+    if algo == "sac":
+        from policies.steering.sb3 import ProgressCallback, SB3Actor, make_algorithm
+
+        model = make_algorithm(cfg, vec)
+        model.learn(80, callback=ProgressCallback(Progress(80, show=False)))
+        actor = SB3Actor.of(model, cfg)
+    else:
+        from policies.steering.na import NoiseAliasing
+
+        na = NoiseAliasing(vec, cfg)
+        na.learn(Progress(80, show=False))
+        actor = na.noise_actor()
+    steered = SteeredPolicy(p, actor, sp)
+    save_policy(steered, tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / STEERING_FILE).is_file()
+    loaded = load_trained(tmp_path / "ckpt", device="cpu")
+    assert isinstance(loaded, SteeredPolicy) and loaded.space == sp
+    ob = obs_batch(4, seed=7)
+    assert np.array_equal(loaded.predict_chunk(ob), steered.predict_chunk(ob))
+    assert not np.allclose(loaded.predict_chunk(ob), p.predict_chunk(ob, np.zeros((4, H, DA), np.float32)))
+    # acting step by step: the same actions from both
+    env_a, env_b = ToyEnv(), ToyEnv()
+    (oa, _), (ob_, _) = env_a.reset(seed=2), env_b.reset(seed=2)
+    steered.reset(), loaded.reset()
+    for _ in range(8):
+        xa, xb = steered.act(oa), loaded.act(ob_)
+        assert np.array_equal(xa, xb)
+        oa, ob_ = env_a.step(xa)[0], env_b.step(xb)[0]
+    # saving the plain policy over it removes the actor
+    save_policy(p, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt" / STEERING_FILE).exists()
+    assert not isinstance(load_trained(tmp_path / "ckpt", device="cpu"), SteeredPolicy)
+
+
+def test_the_mlp_floor_cannot_be_steered():
+    with pytest.raises(NotSteerableError, match="cannot be steered.*generative=False.*flow or diffusion"):
+        check_steerable(tiny("mlp"))
+    with pytest.raises(NotSteerableError):
+        NoiseEnv(ToyEnv(), tiny("mlp"), space(tiny()))
+
+
+def test_steered_policy_ignores_evaluation_noise():
+    p = tiny()
+    sp = space(p)
+    steered = SteeredPolicy(p, ConstActor(np.full(sp.dim, 0.3)), sp)
+    ob = obs_batch(2)
+    given = np.random.default_rng(0).normal(size=(2, H, DA)).astype(np.float32)
+    assert np.array_equal(steered.predict_chunk(ob, given), steered.predict_chunk(ob))
+    hist = stack_history([{"state": np.zeros(DS, np.float32), "instruction": INSTRUCTION}] * TO)
+    assert steered.predict_chunk(hist).shape == (1, H, DA)
+
+
+def test_progress_stops_past_the_budget_and_evaluates_on_schedule():
+    seen = []
+    prog = Progress(100, evaluate=lambda s: seen.append(s) or {"success": 0.5}, eval_every=30, show=False)
+    steps = 0
+    while prog.update([{"env_steps": 4}, {"env_steps": 4}]):
+        steps += 8
+    assert prog.env_steps == 104 and seen == [32, 64, 96]
+    with pytest.raises(ValueError, match="budget=0"):
+        Progress(0, show=False)
+
+
+# ---- the command ------------------------------------------------------------------------------
+def _reach_checkpoint(path: Path, family: str) -> Path:
+    import embodied
+
+    env = embodied.make_env("reach")
+    obs_spec, act_spec = env.unwrapped.observation_spec, env.unwrapped.action_spec
+    env.close()
+    ds, da = obs_spec.state_dim, act_spec.dim
+    stats = {"state": {"mean": np.zeros(ds), "std": np.ones(ds), "min": -np.ones(ds), "max": np.ones(ds)},
+             "action": {"mean": np.zeros(da), "std": np.ones(da), "min": -np.ones(da), "max": np.ones(da)}}
+    cfg = {k: v for k, v in TINY.items() if family == "flow" or k not in ("time_emb_dim", "num_inference_steps")}
+    torch.manual_seed(0)
+    policy = make_policy(family, cfg, obs_spec, act_spec, stats, ["reach"], device="cpu")
+    return save_policy(policy, path)
+
+
+def embodied(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", *args, "progress=false"], cwd=cwd, capture_output=True,
+                       text=True, timeout=900)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def test_steer_command_smoke(tmp_path):
+    ckpt = _reach_checkpoint(tmp_path / "base", "flow")
+    run = tmp_path / "steer"
+    embodied("steer", f"checkpoint={ckpt}", "task=reach", "env_steps=48", "num_envs=2", "eval_every=24",
+             "eval_episodes=1", "final_episodes=1", "videos=1", "steer.batch_size=8", "steer.learning_starts=4",
+             "steer.net_arch=[16,16]", "compare=[raw_sac]", f"hydra.run.dir={run}", cwd=tmp_path)
+    m = json.loads((run / "metrics.json").read_text())
+    for key in ("success_before", "success_after", "env_steps", "wall_time_s", "curve", "heldout_after"):
+        assert key in m, key
+    assert 48 <= m["env_steps"] < 48 + 2 * 4 and [p["env_steps"] for p in m["curve"]][:2] == [0, 24]
+    assert m["compare"]["raw_sac"]["env_steps"] >= 48
+    for f in ("steer_curve.png", "report.md", "checkpoint/steering.json", "checkpoint/model.safetensors"):
+        assert (run / f).is_file(), f
+    assert list((run / "before" / "videos").iterdir()) and list((run / "after" / "videos").iterdir())
+    assert list((run / "tb").rglob("events.out.tfevents.*"))
+    # the steered checkpoint evaluates like any other
+    embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach]", "episodes=1", "videos=0",
+             f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+    assert "reach" in json.loads((tmp_path / "eval/metrics.json").read_text())["per_task"]
+
+
+def test_steer_command_refuses_the_mlp_floor_and_bad_settings(tmp_path):
+    ckpt = _reach_checkpoint(tmp_path / "mlp", "mlp")
+    r = embodied("steer", f"checkpoint={ckpt}", "task=reach", f"hydra.run.dir={tmp_path}/s", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "cannot be steered" in r.stderr and "generative=False" in r.stderr
+    r = embodied("steer", f"checkpoint={ckpt}", "task=reach", "steer.bound=0", f"hydra.run.dir={tmp_path}/s",
+                 cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "bound=0" in r.stderr
+    r = embodied("steer", f"checkpoint={ckpt}", "task=reach", "compare=[raw_ppo]", f"hydra.run.dir={tmp_path}/s",
+                 cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "raw_ppo" in r.stderr and "raw_sac" in r.stderr
