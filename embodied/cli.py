@@ -15,6 +15,7 @@ COMMANDS = {
     "collect": ("embodied.runtime.collect", "record scripted-expert demonstrations to a dataset"),
     "play": ("embodied.runtime.play", "run one episode with your own instruction and save a video"),
     "bench": ("embodied.runtime.bench", "measure simulation, rendering and policy speed"),
+    "reward": ("embodied.commands.reward", "fit | eval | bench a reward model (VLM reward, reward quality)"),
 }
 
 
