@@ -21,6 +21,7 @@ COMMANDS = {
     "prefer": ("embodied.commands.prefer", "learn a reward from preferences with any teacher (run|eval|plot)"),
     "label": ("embodied.commands.label", "serve the labelling page: compare two clips, every answer saved at once"),
     "steer": ("embodied.commands.steer", "improve a frozen flow/diffusion policy by RL on its initial noise"),
+    "reward": ("embodied.commands.reward", "fit | eval | bench a reward model (VLM reward, reward quality)"),
 }
 
 

@@ -13,6 +13,10 @@ Shapes:
 
 A model says what it reads with ``inputs`` (a subset of ``{"frames", "states"}``) and the
 range its rewards lie in with ``reward_range`` (documented, so wrappers can normalise).
+A model fitted in-domain also says what it was fitted for: ``suite`` (it refuses another
+suite's tasks, ``check_suite``) and ``image_size`` (the side S of the square frames it reads:
+frames must then be (B, S, S, 3); None reads any size). ``states`` are a task's privileged
+state (``env.unwrapped.privileged_state()``), what rollout banks record.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ class RewardInputError(EmbodiedError, ValueError):
     """A reward model was given inputs of the wrong shape, dtype or kind."""
 
 
+class RewardMismatchError(EmbodiedError, ValueError):
+    """A reward model is used on a suite (or with frames) other than the one it was fitted for."""
+
+
 @dataclass
 class RewardOutput:
     """One reward per row and its named components (each (B,) float32)."""
@@ -45,6 +53,17 @@ class RewardModel(abc.ABC):
     inputs: frozenset[str] = frozenset({"frames"})
     #: (low, high) bounds of ``reward``; (-inf, inf) if unbounded
     reward_range: tuple[float, float] = (-np.inf, np.inf)
+    #: the suite the model was fitted for (None: not fitted for one, usable on any)
+    suite: str | None = None
+    #: side S of the square frames the model reads, (B, S, S, 3); None: any size
+    image_size: int | None = None
+
+    def check_suite(self, suite: str) -> None:
+        """Raise ``RewardMismatchError`` unless the model may score tasks of ``suite``."""
+        if self.suite is not None and suite != self.suite:
+            raise RewardMismatchError(f"{type(self).__name__} was fitted for suite {self.suite!r}, not {suite!r}: "
+                                      f"fit one for it (`embodied reward fit suite={suite}`) or use it on "
+                                      f"{self.suite!r} tasks only")
 
     @abc.abstractmethod
     def score(self, frames: np.ndarray | None, states: np.ndarray | None,
@@ -53,7 +72,7 @@ class RewardModel(abc.ABC):
 
     def __call__(self, frames: np.ndarray | None, states: np.ndarray | None,
                  instruction: str | Sequence[str]) -> RewardOutput:
-        b = check_reward_inputs(self.inputs, frames, states, instruction)
+        b = check_reward_inputs(self.inputs, frames, states, instruction, self.image_size)
         out = self.score(frames, states, instruction)
         r = np.asarray(out.reward, np.float32)
         if r.shape != (b,):
@@ -62,15 +81,21 @@ class RewardModel(abc.ABC):
 
 
 def check_reward_inputs(inputs: frozenset[str], frames: np.ndarray | None, states: np.ndarray | None,
-                        instruction: str | Sequence[str]) -> int:
-    """Validate a batch for a model reading ``inputs``; return its size B."""
+                        instruction: str | Sequence[str], image_size: int | None = None) -> int:
+    """Validate a batch for a model reading ``inputs`` (frames of side ``image_size`` when
+    given); return its size B."""
     sizes = []
     if "frames" in inputs:
         if frames is None:
             raise RewardInputError("this reward model reads frames: give frames of shape (B, H, W, 3) uint8")
         f = np.asarray(frames)
         if f.ndim != 4 or f.shape[-1] != 3 or f.dtype != np.uint8:
-            raise RewardInputError(f"frames must be uint8 of shape (B, H, W, 3), got {f.dtype} {f.shape}")
+            raise RewardInputError(f"frames must be uint8 of shape (B, H, W, 3) (RGB, channels last), "
+                                   f"got {f.dtype} {f.shape}")
+        if image_size is not None and f.shape[1:3] != (image_size, image_size):
+            raise RewardInputError(f"frames are {f.shape[1]}x{f.shape[2]}, but this reward model reads "
+                                   f"{image_size}x{image_size} frames: render them at that size "
+                                   f"(make_env(..., render_mode='rgb_array', render_size={image_size}))")
         sizes.append(f.shape[0])
     if "states" in inputs:
         if states is None:

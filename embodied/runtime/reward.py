@@ -1,0 +1,663 @@
+"""Rewards in the loop: rollout banks, fitting the in-domain CLIP reward, reward-quality
+evaluation and throughput (``embodied reward fit | eval | bench``).
+
+A rollout bank is a set of episodes of a suite's tasks played by scripted experts, noisy
+experts, partial experts (the expert for part of its episode, then standing still or acting
+at random) and random actions, from a range of seeds and one instruction split. Every step
+keeps the rendered frame (``env.render()`` at ``render_size`` = the reward's frame side),
+the privileged state and the ground truth: success and the task's dense reward. Banks feed
+both fitting (training seeds, training wordings) and evaluation (held-out seeds, held-out
+wordings); any ``RewardModel`` can be evaluated on one.
+
+    embodied reward fit suite=manipulation                     # -> RUN/reward (the checkpoint)
+    embodied reward eval suite=manipulation reward.checkpoint=RUN/reward
+    embodied reward bench suite=manipulation reward.checkpoint=RUN/reward
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from embodied.core.errors import EmbodiedError
+from embodied.core.registry import get_task, make_env, resolve_tasks
+from embodied.core.reward import RewardModel
+from embodied.runtime.evaluate import write_json
+from rewards.vlm.fit import FitSettings
+
+log = logging.getLogger("embodied.reward")
+BEHAVIOURS = ("expert", "noisy", "partial", "random")
+BANK_ARRAYS = ("frames", "states", "episode", "step", "success", "gt_reward", "post")
+
+
+# ---------------------------------------------------------------------------------- banks
+@dataclass
+class BankConfig:
+    """Which episodes a rollout bank holds (the ``bank`` part of fit and eval configs)."""
+
+    seeds: int = 30  # seeds per task; every behaviour plays each seed once
+    seed: int = 0  # first seed
+    split: str = "train"  # instruction split of the episodes: train | heldout
+    behaviours: list[str] = field(default_factory=lambda: list(BEHAVIOURS))
+    noise: float = 0.4  # std of the Gaussian added to the noisy expert's actions
+    hold_steps: int = 5  # steps kept after the first success (the goal still holds, or not)
+    frame_stride: int = 1  # keep every k-th frame (and always the last); 1 keeps all
+    random_extra_steps: int = 10  # random episodes last the seed's expert length plus this
+    partial_tail: int = 20  # steps a partial episode goes on after the expert stops
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1:
+            raise ValueError(f"bank.seeds must be >= 1, got {self.seeds}")
+        if self.split not in ("train", "heldout"):
+            raise ValueError(f"bank.split must be 'train' or 'heldout', got {self.split!r}")
+        bad = [b for b in self.behaviours if b not in BEHAVIOURS]
+        if bad or not self.behaviours:
+            raise ValueError(f"bank.behaviours must be a non-empty subset of {list(BEHAVIOURS)}, got {self.behaviours}")
+        if self.noise < 0 or self.hold_steps < 0 or self.frame_stride < 1:
+            raise ValueError(f"bank.noise and bank.hold_steps must be >= 0 and bank.frame_stride >= 1, got "
+                             f"{self.noise}, {self.hold_steps}, {self.frame_stride}")
+
+
+@dataclass
+class RolloutBank:
+    """Frames and ground truth of many episodes; rows are kept frames (N,), one per step.
+
+    Arrays: ``frames`` uint8 (N, S, S, 3); ``states`` float32 (N, Ds) privileged state;
+    ``episode`` int (N,) index into ``episodes``; ``step`` int (N,) steps taken (1 = the frame
+    after the first action); ``success`` bool (N,); ``gt_reward`` float32 (N,) the task's dense
+    reward of the step; ``post`` bool (N,) after the episode's first success (hold steps).
+    ``episodes``: one dict per episode (task, seed, behaviour, instruction, params, split,
+    success, length, gt_return over all its steps).
+    """
+
+    frames: np.ndarray
+    states: np.ndarray
+    episode: np.ndarray
+    step: np.ndarray
+    success: np.ndarray
+    gt_reward: np.ndarray
+    post: np.ndarray
+    episodes: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def rows(self, task: str) -> np.ndarray:
+        ids = np.array([i for i, e in enumerate(self.episodes) if e["task"] == task], int)
+        return np.flatnonzero(np.isin(self.episode, ids))
+
+    def save(self, folder: str | Path) -> Path:
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / "bank.npz", **{k: getattr(self, k) for k in BANK_ARRAYS})
+        write_json(out / "bank.json", {"episodes": self.episodes, "meta": self.meta})
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "RolloutBank":
+        root = Path(folder)
+        if not (root / "bank.npz").is_file() or not (root / "bank.json").is_file():
+            raise FileNotFoundError(f"rollout bank {str(folder)!r} must be a folder with bank.npz and bank.json "
+                                    "(written with save_bank=PATH)")
+        arrays = np.load(root / "bank.npz")
+        info = json.loads((root / "bank.json").read_text())
+        return cls(**{k: arrays[k] for k in BANK_ARRAYS}, episodes=info["episodes"], meta=info["meta"])
+
+
+def _policy_action(u: Any, behaviour: str, t: int, switch: int, tail: str, rng: np.random.Generator,
+                   noise: float, shape: tuple[int, ...]) -> np.ndarray:
+    if behaviour == "random" or (behaviour == "partial" and t >= switch and tail == "random"):
+        return rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+    if behaviour == "partial" and t >= switch:
+        return np.zeros(shape, np.float32)
+    a = u.expert_action()  # the expert keeps its memory current only when asked every step
+    if behaviour == "noisy":
+        a = np.clip(a + rng.normal(0.0, noise, shape), -1.0, 1.0).astype(np.float32)
+    return a
+
+
+def play_bank_episode(env: Any, seed: int, behaviour: str, expert_len: int, cfg: BankConfig,
+                      rng: np.random.Generator, record: bool = True) -> dict[str, Any]:
+    """One episode of ``behaviour`` from ``seed``; frames rendered when ``record``."""
+    obs, info = env.reset(seed=seed)
+    u = env.unwrapped
+    shape = env.action_space.shape
+    cap = int(u.max_episode_steps)
+    switch, tail = cap + 1, "stop"
+    if behaviour == "random":
+        cap = min(cap, expert_len + cfg.random_extra_steps)
+    elif behaviour == "partial":
+        switch = max(1, int(rng.uniform(0.2, 0.9) * expert_len))
+        tail = "random" if rng.random() < 0.5 else "stop"
+        cap = min(cap, switch + cfg.partial_tail)
+    rows: dict[str, list[Any]] = {k: [] for k in ("frames", "states", "step", "success", "gt_reward", "post")}
+    first, t, ret = None, 0, 0.0
+    while True:
+        a = _policy_action(u, behaviour, t, switch, tail, rng, cfg.noise, shape)
+        obs, r, term, trunc, info = env.step(a)
+        t += 1
+        ret += float(r) if first is None else 0.0
+        ok = bool(info["success"])
+        if first is None and ok:
+            first = t
+            end = cfg.hold_steps == 0
+        elif first is not None:
+            end = t - first >= cfg.hold_steps
+        else:
+            end = bool(trunc or term) or t >= cap
+        if record and (t % cfg.frame_stride == 0 or end or t == first):
+            rows["frames"].append(env.render())
+            rows["states"].append(u.privileged_state())
+            rows["step"].append(t)
+            rows["success"].append(ok)
+            rows["gt_reward"].append(float(r))
+            rows["post"].append(first is not None and t > first)
+        if end:
+            break
+    return {"rows": rows, "instruction": obs["instruction"], "params": dict(u.params), "success": first is not None,
+            "length": first if first is not None else t, "gt_return": ret, "switch": switch if behaviour == "partial"
+            else None}
+
+
+def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progress: bool = True) -> RolloutBank:
+    """Play ``cfg.seeds`` seeds of every task with every behaviour; see ``RolloutBank``."""
+    from tqdm import tqdm
+
+    arrays: dict[str, list[np.ndarray]] = {k: [] for k in BANK_ARRAYS}
+    episodes: list[dict[str, Any]] = []
+    bar = tqdm(total=len(tasks) * cfg.seeds, desc="rollout bank", disable=not progress, unit="seed")
+    t0 = time.perf_counter()
+    for task in tasks:
+        env = make_env(task, instruction_split=cfg.split, render_mode="rgb_array", render_size=image_size)
+        try:
+            for k in range(cfg.seeds):
+                seed = cfg.seed + k
+                rng = np.random.default_rng([seed, 7])
+                expert = play_bank_episode(env, seed, "expert", 0, cfg, rng, record="expert" in cfg.behaviours)
+                for b in cfg.behaviours:
+                    ep = expert if b == "expert" else play_bank_episode(env, seed, b, expert["length"], cfg, rng)
+                    rows = ep.pop("rows")
+                    n = len(rows["step"])
+                    arrays["frames"].append(np.asarray(rows["frames"], np.uint8).reshape(n, image_size, image_size, 3))
+                    arrays["states"].append(np.asarray(rows["states"], np.float32).reshape(n, -1))
+                    arrays["episode"].append(np.full(n, len(episodes), np.int64))
+                    for key, dt in (("step", np.int64), ("success", bool), ("gt_reward", np.float32), ("post", bool)):
+                        arrays[key].append(np.asarray(rows[key], dt))
+                    episodes.append({"task": task, "seed": seed, "behaviour": b, "split": cfg.split,
+                                     "frames": n, **ep})
+                bar.update(1)
+        finally:
+            env.close()
+    bar.close()
+    cat = {k: np.concatenate(v) for k, v in arrays.items()}
+    meta = {"tasks": list(tasks), "suites": sorted({get_task(t).suite for t in tasks}), "image_size": image_size,
+            "frames_from": "env.render()", "bank": asdict(cfg), "wall_time_s": time.perf_counter() - t0}
+    log.info("rollout bank: %d episodes, %d frames (%.0f s)", len(episodes), len(cat["step"]), meta["wall_time_s"])
+    return RolloutBank(**cat, episodes=episodes, meta=meta)
+
+
+def bank_for(tasks: Sequence[str], cfg: BankConfig, image_size: int, path: str, save: str,
+             progress: bool) -> RolloutBank:
+    """A saved bank (``path``) after checking it matches ``cfg``, else a freshly played one."""
+    if path:
+        bank = RolloutBank.load(path)
+        want = {"tasks": list(tasks), "image_size": image_size, "bank": asdict(cfg)}
+        have = {k: bank.meta.get(k) for k in want}
+        if have != want:
+            diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
+            raise ValueError(f"rollout bank {path!r} was played with other settings (have, want): {diff}")
+        return bank
+    bank = collect_bank(tasks, cfg, image_size, progress)
+    if save:
+        bank.save(save)
+        log.info("saved the rollout bank to %s", save)
+    return bank
+
+
+def suite_of(tasks: Sequence[str]) -> str:
+    suites = sorted({get_task(t).suite for t in tasks})
+    if len(suites) != 1:
+        raise ValueError(f"a reward is fitted and evaluated on one suite at a time; tasks {list(tasks)} span {suites}")
+    return suites[0]
+
+
+# ------------------------------------------------------------------------------------ fit
+@dataclass
+class RewardFitConfig:
+    """Schema of ``configs/reward_fit.yaml``: fit the in-domain CLIP reward on a rollout bank."""
+
+    suite: str = "manipulation"
+    tasks: list[str] = field(default_factory=list)  # default: the suite's tasks
+    bank: BankConfig = field(default_factory=BankConfig)  # training seeds, training wordings
+    image_size: int = 64  # frame side: the reward reads env.render() at render_size=image_size
+    # open_clip architecture: a built-in name plus overrides of its config. The default is CLIP's
+    # ResNet (open_clip's ModifiedResNet, as in RN50) shrunk for CPU speed: one bottleneck block
+    # per stage, width 8, attention pooling, at 64x64. On these frames it learnt faster than a
+    # ViT of the same speed (see the report).
+    arch: str = "RN50"
+    vision: dict[str, Any] = field(default_factory=lambda: {"image_size": 64, "layers": [1, 1, 1, 1], "width": 8,
+                                                            "head_width": 8})
+    center_text: bool = True  # remove the mean embedding of the training wordings (rewards.vlm.text.CenteredText)
+    text: str = "auto"  # minilm (frozen all-MiniLM-L6-v2) | open_clip (the init checkpoint's own tower) | auto
+    init: str = ""  # a local open_clip weights file of `arch` to fine-tune instead of starting from scratch
+    init_vision: dict[str, Any] = field(default_factory=dict)  # with init: overrides of its vision config
+    fit: FitSettings = field(default_factory=FitSettings)  # optimisation (rewards.vlm.fit)
+    out: str = ""  # checkpoint folder (default: RUN/reward)
+    bank_path: str = ""  # reuse a saved bank (must match `bank`)
+    save_bank: str = ""  # save the bank here
+    threads: int = 1  # torch threads
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.bank.split != "train":
+            raise ValueError(f"bank.split must be 'train' for fitting (held-out wordings are never used to fit), "
+                             f"got {self.bank.split!r}")
+        if self.text not in ("auto", "minilm", "open_clip"):
+            raise ValueError(f"text must be 'auto', 'minilm' or 'open_clip', got {self.text!r}")
+        if self.text == "open_clip" and not self.init:
+            raise ValueError("text=open_clip locks the text tower of a checkpoint: give init=PATH (open_clip weights)")
+        if self.text == "minilm" and self.init:
+            raise ValueError("init=PATH fine-tunes a user's open_clip model against its own text tower: use "
+                             "text=auto or text=open_clip")
+        if not 8 <= self.image_size <= 512:
+            raise ValueError(f"image_size must be in [8, 512], got {self.image_size}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+
+def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]]):
+    """Ground-truth captions of a bank's frames: each frame's goal (its episode's task and
+    parameters, in every template of ``templates[task]``) with its label (``caption_label``)."""
+    from rewards.vlm.fit import CaptionedFrames, caption_label, goal_wordings
+
+    keys: dict[str, int] = {}
+    groups: list[list[str]] = []
+    ep_group = np.zeros(len(bank.episodes), np.int64)
+    for i, e in enumerate(bank.episodes):
+        params = {k: v for k, v in e["params"].items() if isinstance(v, str)}
+        key = json.dumps([e["task"], params], sort_keys=True)
+        if key not in keys:
+            keys[key] = len(groups)
+            groups.append(goal_wordings(templates[e["task"]], params))
+        ep_group[i] = keys[key]
+    # progress: the dense reward, except that frames the goal holds in count as complete
+    label = caption_label(bank.success, bank.gt_reward)
+    return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups)
+
+
+def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
+    """Fit the in-domain reward on a training bank and save it to ``cfg.out`` or ``out/reward``."""
+    import torch
+
+    from rewards.vlm.fit import fit_image_tower
+    from rewards.vlm.model import ImagePreprocess
+    from rewards.vlm.text import MINILM_DIM, CenteredText, MiniLMText, OpenClipText
+    from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, PLACEHOLDER_TEXT, build_open_clip, image_size_of,
+                                    load_open_clip, save_reward_checkpoint)
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.fit.seed)
+    tasks = resolve_tasks(cfg.suite, cfg.tasks)
+    suite = suite_of(tasks)
+    t0 = time.perf_counter()
+    if cfg.init:
+        overrides = {"vision_cfg": dict(cfg.init_vision)} if cfg.init_vision else {}
+        model, text_name = load_open_clip(cfg.arch, cfg.init, overrides), "open_clip"
+    else:
+        overrides = {"embed_dim": MINILM_DIM, "vision_cfg": dict(cfg.vision), "text_cfg": PLACEHOLDER_TEXT}
+        model, text_name = build_open_clip(cfg.arch, overrides), "minilm"
+    text = MiniLMText() if text_name == "minilm" else OpenClipText(model, cfg.arch)
+    size = image_size_of(model)
+    pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
+    bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.bank_path, cfg.save_bank, cfg.progress)
+    data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks})
+    center = None
+    if cfg.center_text:
+        center = text.encode(sorted({w for g in data.groups for w in g})).mean(0)
+        text = CenteredText(text, center)
+    settings = cfg.fit
+    record = fit_image_tower(model, text, pre, data, settings)
+    folder = Path(cfg.out) if cfg.out else out / "reward"
+    meta = {"suite": suite, "tasks": tasks, "arch": cfg.arch, "overrides": overrides, "text": text.describe(),
+            "image_size": cfg.image_size, "tower_image_size": size, "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD),
+            "frames": {"from": "env.render()", "render_size": cfg.image_size},
+            "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
+            "fitted": {"seeds": [cfg.bank.seed, cfg.bank.seed + cfg.bank.seeds], "split": "train",
+                       "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
+                       "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
+                       "wordings": record["wordings"]}}
+    save_reward_checkpoint(folder, model, meta)
+    metrics = {"suite": suite, "tasks": tasks, "checkpoint": str(folder), "frames": int(len(bank.step)),
+               "episodes": len(bank.episodes), "bank_time_s": bank.meta.get("wall_time_s"),
+               "train_time_s": record["train_time_s"], "final_loss": record["history"][-1]["loss"],
+               "wall_time_s": time.perf_counter() - t0, "text": text.describe(), "arch": cfg.arch}
+    write_json(out / "metrics.json", metrics)
+    log.info("saved the reward to %s (%d frames, loss %.4f, %.0f s)", folder, metrics["frames"],
+             metrics["final_loss"], metrics["wall_time_s"])
+    return metrics
+
+
+# ----------------------------------------------------------------------------------- eval
+@dataclass
+class RewardEvalConfig:
+    """Schema of ``configs/reward_eval.yaml``: reward quality on a held-out rollout bank."""
+
+    suite: str = "manipulation"
+    tasks: list[str] = field(default_factory=list)
+    # reward=clip (config group configs/reward/): any model of rewards.registry
+    reward: dict[str, Any] = field(default_factory=lambda: {"name": "clip"})
+    bank: BankConfig = field(default_factory=lambda: BankConfig(seeds=10, seed=1_000_000, split="heldout"))
+    image_size: int = 64  # frame side for a reward that reads any size
+    # sensitivity to alpha (the goal-baseline projection, with the reward's own baselines)
+    alphas: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    wordings: bool = True  # sensitivity to wording: every training and held-out template of each task
+    gamma: float = 0.99  # EPIC's discount
+    epic_pool: int = 512  # coverage states EPIC canonicalises over, per task
+    bank_path: str = ""
+    save_bank: str = ""
+    plots: bool = True
+    threads: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if any(not 0.0 <= a <= 1.0 for a in self.alphas):
+            raise ValueError(f"alphas must lie in [0, 1], got {self.alphas}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.epic_pool < 2 or self.threads < 1:
+            raise ValueError(f"epic_pool must be >= 2 and threads >= 1, got {self.epic_pool}, {self.threads}")
+
+
+class _Scorer:
+    """Scores bank rows with a reward model; a CLIP-like model's image embeddings are computed
+    once and reused for every instruction and option (alpha, wording)."""
+
+    def __init__(self, model: RewardModel, bank: RolloutBank, chunk: int = 1024):
+        self.model, self.bank, self.chunk = model, bank, chunk
+        self.reuse = callable(getattr(model, "embed_images", None)) and callable(
+            getattr(model, "score_embeddings", None))
+        self._emb: dict[int, Any] = {}
+
+    def __call__(self, rows: np.ndarray, instructions: Sequence[str], model: RewardModel | None = None
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        m = model or self.model
+        out_r, out_t = [], []
+        for i in range(0, len(rows), self.chunk):
+            r, ins = rows[i:i + self.chunk], list(instructions[i:i + self.chunk])
+            if self.reuse:
+                key = int(r[0]) * 1_000_003 + len(r)
+                if key not in self._emb:
+                    self._emb[key] = self.model.embed_images(self.bank.frames[r])
+                o = m.score_embeddings(self._emb[key], ins)
+            else:
+                o = m(self.bank.frames[r] if "frames" in m.inputs else None,
+                      self.bank.states[r] if "states" in m.inputs else None, ins)
+            out_r.append(np.asarray(o.reward, np.float32))
+            out_t.append(o.terms)
+        terms = {k: np.concatenate([t[k] for t in out_t]) for k in out_t[0]} if out_t else {}
+        return np.concatenate(out_r) if out_r else np.zeros(0, np.float32), terms
+
+
+def _smooth_rows(bank: RolloutBank, rows: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """Causal mean over the last ``k`` frames within each episode (rows are in episode order)."""
+    if k <= 1:
+        return values
+    from rewards.vlm.model import causal_mean
+
+    out = values.copy()
+    ep = bank.episode[rows]
+    for e in np.unique(ep):
+        sel = np.flatnonzero(ep == e)
+        out[sel] = causal_mean(values[sel], k)
+    return out
+
+
+def quality(bank: RolloutBank, rows: np.ndarray, reward: np.ndarray, gamma: float, pool: int,
+            rng: np.random.Generator) -> dict[str, Any]:
+    """Success AUROC, VOC, return Spearman and EPIC of ``reward`` (per row of ``rows``)."""
+    import torch
+
+    from rewards.quality import auroc, epic_distance, next_state_reward, spearman, voc
+
+    ep = bank.episode[rows]
+    post = bank.post[rows]
+    vocs, rets, gts = [], [], []
+    for e in np.unique(ep):
+        sel = np.flatnonzero((ep == e) & ~post)
+        info = bank.episodes[int(e)]
+        if info["behaviour"] == "expert" and info["success"] and len(sel) >= 2:
+            vocs.append(voc(reward[sel]))
+        rets.append(float(reward[sel].sum()))
+        gts.append(float(bank.gt_reward[rows[sel]].sum()))
+    # EPIC over consecutive kept frames of each episode, canonicalised over coverage states
+    local = np.arange(len(rows))
+    cont = np.flatnonzero(ep[1:] == ep[:-1])
+    s, s_next = torch.from_numpy(local[cont]), torch.from_numpy(local[cont + 1])
+    pool_idx = torch.from_numpy(rng.choice(len(rows), min(pool, len(rows)), replace=False))
+    epic = epic_distance(next_state_reward(torch.from_numpy(reward.astype(np.float64))),
+                         next_state_reward(torch.from_numpy(bank.gt_reward[rows].astype(np.float64))),
+                         s, s_next, pool_idx, gamma) if len(cont) >= 2 else float("nan")
+    vocs = [v for v in vocs if np.isfinite(v)]
+    return {"auroc": auroc(reward, bank.success[rows]), "voc": float(np.mean(vocs)) if vocs else float("nan"),
+            "voc_min": float(np.min(vocs)) if vocs else float("nan"), "voc_episodes": len(vocs),
+            "return_spearman": spearman(np.array(rets), np.array(gts)), "epic": epic,
+            "frames": int(len(rows)), "success_frames": int(bank.success[rows].sum()), "episodes": len(rets)}
+
+
+def _mean(values: list[float]) -> float:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(np.mean(v)) if v else float("nan")
+
+
+def evaluate_reward(model: RewardModel, bank: RolloutBank, tasks: Sequence[str], alphas: Sequence[float] = (),
+                    wordings: bool = True, gamma: float = 0.99, epic_pool: int = 512,
+                    seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reward quality of any ``RewardModel`` on a bank: (metrics, per-task curves for plots).
+
+    Each frame is scored with its episode's instruction (the bank's split). ``alphas`` and
+    ``wordings`` add sensitivity analyses (alpha needs a model with ``with_options``).
+    """
+    scorer = _Scorer(model, bank)
+    k = int(getattr(model, "smoothing", 1))
+    rng = np.random.default_rng(seed)
+    per_task, gt_ref, curves = {}, {}, {}
+    sens_alpha: dict[str, dict[str, Any]] = {}
+    sens_words: dict[str, Any] = {}
+    for task in tasks:
+        rows = bank.rows(task)
+        if len(rows) == 0:
+            raise EmbodiedError(f"the rollout bank has no frames of task {task!r}")
+        ins = [bank.episodes[int(e)]["instruction"] for e in bank.episode[rows]]
+        raw, terms = scorer(rows, ins)
+        reward = _smooth_rows(bank, rows, raw, k)
+        per_task[task] = quality(bank, rows, reward, gamma, epic_pool, rng)
+        gt_ref[task] = quality(bank, rows, bank.gt_reward[rows], gamma, epic_pool, rng)
+        curves[task] = {"rows": rows, "reward": reward, "terms": terms}
+        if alphas and callable(getattr(model, "with_options", None)):
+            for a in alphas:
+                variant = model.with_options(alpha=float(a))
+                r = _smooth_rows(bank, rows, scorer(rows, ins, variant)[0], k)
+                q = quality(bank, rows, r, gamma, epic_pool, rng)
+                sens_alpha.setdefault(f"{a:g}", {})[task] = {m: q[m] for m in ("auroc", "voc", "epic")}
+        if wordings:
+            sens_words[task] = _wording_sensitivity(bank, rows, task, scorer, k, gamma, epic_pool, rng)
+    keys = ("auroc", "voc", "return_spearman", "epic")
+    metrics: dict[str, Any] = {m: _mean([per_task[t][m] for t in tasks]) for m in keys}
+    metrics.update({f"{m}_min": float(np.nanmin([per_task[t][m] for t in tasks])) for m in ("auroc", "voc")})
+    metrics["per_task"] = per_task
+    metrics["ground_truth_dense_reward"] = {**{m: _mean([gt_ref[t][m] for t in tasks]) for m in keys},
+                                            "per_task": gt_ref}
+    if sens_alpha:
+        metrics["alpha_sensitivity"] = {a: {**{m: _mean([v[t][m] for t in tasks]) for m in ("auroc", "voc", "epic")},
+                                            "per_task": v} for a, v in sens_alpha.items()}
+    if sens_words:
+        metrics["wording_sensitivity"] = sens_words
+    return metrics, curves
+
+
+def _wording_sensitivity(bank: RolloutBank, rows: np.ndarray, task: str, scorer: _Scorer, k: int, gamma: float,
+                         pool: int, rng: np.random.Generator) -> dict[str, Any]:
+    """AUROC and VOC with each template of the task (training and held-out) filled per episode."""
+    from rewards.vlm.fit import goal_wordings
+
+    spec = get_task(task)
+    out: dict[str, Any] = {"train": {}, "heldout": {}}
+    for split, templates in (("train", spec.train_instructions), ("heldout", spec.heldout_instructions)):
+        for tpl in templates:
+            ins = [goal_wordings([tpl], {a: b for a, b in bank.episodes[int(e)]["params"].items()
+                                         if isinstance(b, str)})[0] for e in bank.episode[rows]]
+            r = _smooth_rows(bank, rows, scorer(rows, ins)[0], k)
+            q = quality(bank, rows, r, gamma, pool, rng)
+            out[split][tpl] = {"auroc": q["auroc"], "voc": q["voc"]}
+    for split in ("train", "heldout"):
+        a = [v["auroc"] for v in out[split].values()]
+        vv = [v["voc"] for v in out[split].values()]
+        out[f"{split}_auroc_mean"], out[f"{split}_auroc_min"] = _mean(a), float(np.nanmin(a))
+        out[f"{split}_voc_mean"], out[f"{split}_voc_min"] = _mean(vv), float(np.nanmin(vv))
+    return out
+
+
+def run_reward_eval(cfg: RewardEvalConfig, out: Path, model: RewardModel | None = None) -> dict[str, Any]:
+    """Evaluate ``model`` (else the one ``cfg.reward`` names) on a bank; write metrics.json and report.md."""
+    import torch
+
+    from rewards.registry import make_reward
+
+    torch.set_num_threads(cfg.threads)
+    tasks = resolve_tasks(cfg.suite, cfg.tasks)
+    suite = suite_of(tasks)
+    model = model if model is not None else make_reward(cfg.reward)
+    model.check_suite(suite)
+    fitted = getattr(model, "meta", {}).get("fitted") or {}
+    if fitted.get("seeds"):
+        lo, hi = fitted["seeds"]
+        if cfg.bank.seed < hi and lo < cfg.bank.seed + cfg.bank.seeds:
+            raise ValueError(f"evaluation seeds [{cfg.bank.seed}, {cfg.bank.seed + cfg.bank.seeds}) overlap the seeds "
+                             f"the reward was fitted on [{lo}, {hi}): choose bank.seed >= {hi}")
+    size = model.image_size or cfg.image_size
+    t0 = time.perf_counter()
+    bank = bank_for(tasks, cfg.bank, size, cfg.bank_path, cfg.save_bank, cfg.progress)
+    t1 = time.perf_counter()
+    metrics, curves = evaluate_reward(model, bank, tasks, cfg.alphas, cfg.wordings, cfg.gamma, cfg.epic_pool)
+    describe = getattr(model, "describe", None)
+    metrics.update({"suite": suite, "tasks": tasks, "reward": describe() if callable(describe) else type(model).__name__,
+                    "bank": {"episodes": len(bank.episodes), "frames": int(len(bank.step)), **asdict(cfg.bank)},
+                    "bank_time_s": t1 - t0, "score_time_s": time.perf_counter() - t1,
+                    "wall_time_s": time.perf_counter() - t0})
+    write_json(out / "metrics.json", metrics)
+    from rewards.report import write_reward_report
+
+    write_reward_report(out, metrics, bank, curves, plots=cfg.plots)
+    return metrics
+
+
+# ---------------------------------------------------------------------------------- bench
+@dataclass
+class RewardBenchConfig:
+    """Schema of ``configs/reward_bench.yaml``: reward throughput on this machine, as ratios."""
+
+    suite: str = "manipulation"
+    task: str = ""  # default: the suite's first task
+    reward: dict[str, Any] = field(default_factory=lambda: {"name": "clip"})
+    image_size: int = 64  # frame side for a reward that reads any size
+    frames: int = 2048  # frames scored per round (embedding + similarity)
+    steps: int = 200  # vector-env steps per round (step + render, with and without the reward)
+    num_envs: int = 8  # sub-envs of the SB3 vector env (frames scored per batch)
+    rounds: int = 3  # measurements alternate; the median of each figure is reported
+    threads: int = 1  # torch threads (one core)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("frames", "steps", "num_envs", "rounds", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def _sb3_envs(task: str, n: int, size: int, seed: int, states: bool) -> Any:
+    """An SB3 DummyVecEnv of ``n`` copies of ``task`` whose steps carry frames in ``info``."""
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from rewards.wrappers import RewardInputs
+
+    def make(k: int) -> Callable[[], Any]:
+        def thunk() -> Any:
+            env = make_env(task, render_mode="rgb_array", render_size=size)
+            return gym.wrappers.FilterObservation(RewardInputs(env, states=states), ["state"])
+        return thunk
+
+    venv = DummyVecEnv([make(k) for k in range(n)])
+    venv.seed(seed)
+    return venv
+
+
+def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
+    """Frames/s of scoring alone, and the SB3 loop's rate with the reward as a fraction of
+    the same loop rendering frames without it (alternating rounds, one process)."""
+    import torch
+
+    from rewards.registry import make_reward
+    from rewards.wrappers import VecRewardWrapper
+
+    torch.set_num_threads(cfg.threads)
+    task = cfg.task or resolve_tasks(cfg.suite)[0]
+    model = make_reward(cfg.reward)
+    model.check_suite(get_task(task).suite)
+    size = model.image_size or cfg.image_size
+    states_needed = "states" in model.inputs
+    venv = _sb3_envs(task, cfg.num_envs, size, cfg.seed, states_needed)
+    rng = np.random.default_rng(cfg.seed)
+    shape = (cfg.num_envs,) + venv.action_space.shape
+    venv.reset()
+    frames: list[np.ndarray] = []
+    instruction = ""
+    while len(frames) * cfg.num_envs < min(cfg.frames, 4096):
+        _, _, _, infos = venv.step(rng.uniform(-1, 1, shape).astype(np.float32))
+        frames.append(np.stack([i["frame"] for i in infos]))
+        instruction = infos[0]["instruction"]
+    bank = np.concatenate(frames)
+    reps = int(np.ceil(cfg.frames / len(bank)))
+    batch = int(getattr(model, "batch_size", 256))
+    scored = VecRewardWrapper(venv, model)
+
+    def score_rate() -> float:
+        states = np.zeros((batch, 1), np.float32) if states_needed else None
+        t = time.perf_counter()
+        n = 0
+        for _ in range(reps):
+            for i in range(0, len(bank), batch):
+                f = bank[i:i + batch]
+                model(f, None if states is None else states[:len(f)], instruction)
+                n += len(f)
+        return n / (time.perf_counter() - t)
+
+    def loop_rate(v: Any) -> float:
+        t = time.perf_counter()
+        for _ in range(cfg.steps):
+            v.step(rng.uniform(-1, 1, shape).astype(np.float32))
+        return cfg.steps * cfg.num_envs / (time.perf_counter() - t)
+
+    score_rate()  # warm-up: the text cache, the allocator
+    rounds = []
+    for _ in range(cfg.rounds):
+        venv.reset()
+        render = loop_rate(venv)
+        scored.reset()
+        both = loop_rate(scored)
+        rounds.append({"score_frames_per_s": score_rate(), "step_render_frames_per_s": render,
+                       "step_render_reward_frames_per_s": both, "end_to_end_fraction": both / render})
+    venv.close()
+    med = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
+    metrics = {"task": task, "image_size": size, "threads": cfg.threads, "num_envs": cfg.num_envs,
+               "batch_size": batch, **med, "rounds": rounds, "reward": getattr(model, "describe", lambda: None)()}
+    write_json(out / "metrics.json", metrics)
+    log.info("%s at %dx%d, %d torch thread(s): reward scoring %.0f frames/s (embedding + similarity); SB3 loop of "
+             "%d envs: step+render %.0f frames/s, with the reward %.0f frames/s = %.0f%% of step+render "
+             "(medians of %d alternating rounds)", task, size, size, cfg.threads, med["score_frames_per_s"],
+             cfg.num_envs, med["step_render_frames_per_s"], med["step_render_reward_frames_per_s"],
+             100 * med["end_to_end_fraction"], cfg.rounds)
+    return metrics

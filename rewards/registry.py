@@ -1,0 +1,29 @@
+"""Reward models by name: ``make_reward({"name": ..., **settings}) -> RewardModel``.
+
+Each entry is ``"module:function"``, imported on first use; the function takes the settings
+(a dict, the ``reward:`` config group) and returns a ``RewardModel``. A new reward (a learned
+preference reward, ...) adds a line here and is then usable by every command and wrapper
+(``embodied reward eval reward=NAME ...``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping
+
+from embodied.core.errors import UnknownNameError
+from embodied.core.reward import RewardModel
+
+REWARDS: dict[str, str] = {
+    "clip": "rewards.vlm.model:reward_from_settings",
+}
+
+
+def make_reward(settings: Mapping[str, Any]) -> RewardModel:
+    """The reward model ``settings["name"]`` built from the other settings."""
+    settings = dict(settings)
+    name = settings.get("name")
+    if name not in REWARDS:
+        raise UnknownNameError("reward model", str(name), list(REWARDS))
+    module, _, attr = REWARDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)(settings)

@@ -1,0 +1,193 @@
+"""Fitting a CLIP reward in-domain: an open_clip image tower against a locked text side.
+
+The data are rendered frames paired with captions from simulator ground truth
+(``CaptionedFrames``): each pair says how far the instruction of a caption group (one goal:
+a task with its parameters, in all its training wordings) holds in a frame,
+
+    label = 1/2 progress + 1/2 success        in [0, 1],
+
+with ``progress`` the task's ground-truth dense reward in [0, 1] and ``success`` its success
+predicate, so every success frame (>= 1/2) is labelled above every other frame of that goal
+(< 1/2), and frames that are further along rank higher. ``caption_label`` computes it.
+
+Loss (locked-text tuning: LiT's recipe with the roles swapped, the text side frozen, and
+SigLIP's pairwise sigmoid): for a frame x and K
+wordings w_1..w_K of its goal drawn at random, ``BCE(sigmoid(s cos(f(x), T(w_k)) + c), label)``
+with f the image tower being fitted, T the frozen text side, s > 0 and c learnt. The reward
+at run time is cos(f(x), T(instruction)), which ranks frames as the fitted probability does;
+(s, c) are kept as the calibration of the ``holds`` term. Drawing wordings at random teaches
+the tower one image embedding that scores every paraphrase of the goal alike, which is what
+lets held-out wordings (never seen here) score well through the text side's own geometry.
+Frames are shifted by up to ``shift`` pixels (a random crop of a padded frame); colours
+are left alone (they name objects).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rewards.vlm.model import ImagePreprocess
+
+log = logging.getLogger("rewards.vlm.fit")
+
+
+def caption_label(success: np.ndarray, progress: np.ndarray) -> np.ndarray:
+    """How far a goal holds in a frame, in [0, 1]: 1/2 clip(progress, 0, 1) + 1/2 success."""
+    return (0.5 * np.clip(np.asarray(progress, np.float32), 0.0, 1.0)
+            + 0.5 * np.asarray(success, np.float32)).astype(np.float32)
+
+
+def goal_wordings(templates: Sequence[str], params: dict[str, Any]) -> list[str]:
+    """Every template filled with the episode's parameters (``{color}`` -> ``red``)."""
+    out = []
+    for t in templates:
+        try:
+            out.append(t.format(**params))
+        except (KeyError, IndexError) as e:
+            raise ValueError(f"instruction template {t!r} uses field {e}, which the episode's parameters "
+                             f"{sorted(params)} lack") from None
+    return out
+
+
+@dataclass
+class CaptionedFrames:
+    """Frames and ground-truth captions. Pairs (P,) link a frame to a caption group with a label.
+
+    Attributes:
+        frames: uint8 (N, S, S, 3).
+        frame: int (P,) frame of each pair.
+        group: int (P,) caption group of each pair, an index into ``groups``.
+        label: float32 (P,) in [0, 1], how far the group's goal holds in the frame.
+        groups: the wordings of each group (one goal, several training wordings).
+    """
+
+    frames: np.ndarray
+    frame: np.ndarray
+    group: np.ndarray
+    label: np.ndarray
+    groups: list[list[str]]
+
+    def __post_init__(self) -> None:
+        p = len(self.frame)
+        if not (len(self.group) == len(self.label) == p) or p == 0:
+            raise ValueError(f"frame, group and label must be equal, non-empty (P,) arrays, got "
+                             f"{len(self.frame)}, {len(self.group)}, {len(self.label)}")
+        if self.frames.ndim != 4 or self.frames.shape[-1] != 3 or self.frames.dtype != np.uint8:
+            raise ValueError(f"frames must be uint8 (N, S, S, 3), got {self.frames.dtype} {self.frames.shape}")
+        if any(not g for g in self.groups):
+            raise ValueError("every caption group needs at least one wording")
+
+
+@dataclass
+class FitSettings:
+    """Optimisation settings of ``fit_image_tower``."""
+
+    steps: int = 2000
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup: int = 100
+    wordings_per_frame: int = 4
+    pos_fraction: float = 0.25  # share of each batch drawn from pairs whose goal holds (label >= 1/2)
+    shift: int = 3  # augmentation: random translation in pixels
+    seed: int = 0
+    log_every: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "wordings_per_frame"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.pos_fraction <= 1.0:
+            raise ValueError(f"pos_fraction must be in [0, 1], got {self.pos_fraction}")
+        if self.lr <= 0 or self.shift < 0 or self.warmup < 0:
+            raise ValueError(f"lr must be > 0 and shift, warmup >= 0; got {self.lr}, {self.shift}, {self.warmup}")
+
+
+def random_shift(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
+    """Translate each image of (B, C, S, S) by up to ``pad`` pixels (edge pixels repeat)."""
+    if pad == 0:
+        return x
+    s = x.shape[-1]
+    padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+    off = torch.randint(0, 2 * pad + 1, (x.shape[0], 2), generator=gen).tolist()
+    return torch.stack([padded[i, :, oy:oy + s, ox:ox + s] for i, (oy, ox) in enumerate(off)])
+
+
+def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreprocess, data: CaptionedFrames,
+                    settings: FitSettings, progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+    """Fit ``model.visual`` in place so that cos(image, goal text) predicts the labels of ``data``.
+
+    Only the image tower (and the calibration s, c) learn; the text side is locked.
+    Returns the record kept in the checkpoint: calibration, loss history, wall time.
+    """
+    s = settings
+    gen = torch.Generator().manual_seed(s.seed)
+    rng = np.random.default_rng(s.seed)
+    wordings = [w for g in data.groups for w in g]
+    table = text.encode(wordings)  # (W, D), fixed
+    sizes = np.array([len(g) for g in data.groups])
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    pos = np.flatnonzero(data.label >= 0.5)
+    n_pos = int(round(s.batch_size * s.pos_fraction)) if len(pos) else 0
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    visual = model.visual
+    for p in visual.parameters():
+        p.requires_grad_(True)
+    # calibration: cos 0 starts at the mean label; it learns faster than the tower (10x the lr)
+    mean = float(np.clip(data.label.mean(), 0.01, 0.99))
+    log_scale = torch.nn.Parameter(torch.tensor(math.log(10.0)))
+    bias = torch.nn.Parameter(torch.tensor(math.log(mean / (1 - mean))))
+    decay = [p for p in visual.parameters() if p.ndim >= 2]
+    no_decay = [p for p in visual.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay, "lr_scale": 1.0},
+                             {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+                             {"params": [log_scale, bias], "weight_decay": 0.0, "lr_scale": 10.0}], lr=s.lr)
+
+    def lr_at(step: int) -> float:
+        if step < s.warmup:
+            return s.lr * (step + 1) / s.warmup
+        t = (step - s.warmup) / max(1, s.steps - s.warmup)
+        return s.lr * 0.5 * (1.0 + math.cos(math.pi * t))
+
+    history, running, t0 = [], 0.0, time.perf_counter()
+    visual.train()
+    for step in range(s.steps):
+        for gr in opt.param_groups:
+            gr["lr"] = lr_at(step) * gr["lr_scale"]
+        idx = np.concatenate([rng.choice(pos, n_pos), rng.integers(0, len(data.label), s.batch_size - n_pos)])
+        g = data.group[idx]
+        w = starts[g][:, None] + (rng.random((len(idx), s.wordings_per_frame)) * sizes[g][:, None]).astype(int)
+        x = random_shift(preprocess(data.frames[data.frame[idx]]), s.shift, gen)
+        z = F.normalize(model.encode_image(x), dim=-1)
+        cos = torch.einsum("bd,bkd->bk", z, table[torch.from_numpy(w)])
+        y = torch.from_numpy(data.label[idx])[:, None].expand_as(cos)
+        loss = F.binary_cross_entropy_with_logits(log_scale.exp() * cos + bias, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(visual.parameters(), 1.0)
+        opt.step()
+        running += float(loss.detach())
+        if (step + 1) % s.log_every == 0 or step + 1 == s.steps:
+            n = (step % s.log_every) + 1
+            history.append({"step": step + 1, "loss": running / n, "wall_s": time.perf_counter() - t0})
+            log.info("fit step %d/%d  loss %.4f  scale %.1f  bias %.2f", step + 1, s.steps, running / n,
+                     log_scale.exp().item(), bias.item())
+            if progress is not None:
+                progress(step + 1, running / n)
+            running = 0.0
+    visual.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return {"calibration": [log_scale.exp().item(), bias.item()], "history": history,
+            "train_time_s": time.perf_counter() - t0, "pairs": int(len(data.label)), "frames": int(len(data.frames)),
+            "groups": len(data.groups), "wordings": len(wordings)}

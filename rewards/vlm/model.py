@@ -1,0 +1,287 @@
+"""CLIP rewards: rendered frames + an instruction -> a reward per frame, from open_clip towers.
+
+With x the unit image embedding of a frame, g the unit embedding of the instruction (the
+goal) and b the unit mean embedding of the baseline prompts:
+
+- ``similarity`` = cos(x, g), the plain CLIP reward (ARP, VLM-RMs with alpha = 0).
+- ``goal`` = 1 - 1/2 ||(x - g) P||^2 with P = alpha d d^T/||d||^2 + (1 - alpha) I, d = g - b:
+  VLM-RMs' goal-baseline regularisation (Rocamonde et al.). alpha = 0 gives ``similarity``;
+  alpha = 1 keeps only the component of x - g along the baseline->goal direction.
+  P is a contraction, so ``goal`` lies in [-1, 1].
+- ``negative`` = mean cos(x, n_k) over the negative prompts (described failure states,
+  VLM-RL's contrasting goals), when there are any.
+- ``holds``: sigma(s cos(x, g) + c), the calibrated probability that the instruction holds in
+  the frame, for a model fitted in-domain (it learnt s and c); absent otherwise.
+
+``reward = goal - negative_weight * negative``, in [-1 - w, 1 + w] (w = 0 without negatives).
+Smoothing over the last k frames is a property of a stream of frames, not of one batch:
+``smoothing`` is read by the wrappers and the evaluation (``causal_mean``).
+
+Text embeddings are cached per string; images are embedded in batches of ``batch_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from embodied.core.reward import RewardInputError, RewardModel, RewardOutput
+
+
+def projected_reward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VLM-RMs reward 1 - 1/2 ||(x - g) P||^2 for rows x (B, D), goals g (B, D), baseline b (D,).
+
+    Computed without forming P: with v = x - g and u the unit baseline->goal direction,
+    ||v P||^2 = (1 - alpha)^2 ||v||^2 + (2 alpha - alpha^2) (v . u)^2.
+    """
+    v = x - g
+    sq = (v * v).sum(-1)
+    if alpha == 0.0:
+        return 1.0 - 0.5 * sq
+    d = g - b[None, :]
+    norm = d.norm(dim=-1, keepdim=True)
+    if bool((norm < 1e-6).any()):
+        raise RewardInputError("an instruction embeds like the baseline prompts (goal - baseline = 0), so the "
+                               "goal-baseline projection is undefined: change the baselines or use alpha=0")
+    along = (v * (d / norm)).sum(-1)
+    return 1.0 - 0.5 * ((1.0 - alpha) ** 2 * sq + (2.0 * alpha - alpha * alpha) * along * along)
+
+
+def causal_mean(rewards: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the last ``k`` rewards at each step of one episode (T,) (fewer at the start)."""
+    r = np.asarray(rewards, np.float64)
+    if k <= 1 or len(r) == 0:
+        return r.astype(np.float32)
+    c = np.cumsum(np.r_[0.0, r])
+    t = np.arange(1, len(r) + 1)
+    lo = np.maximum(0, t - k)
+    return ((c[t] - c[lo]) / (t - lo)).astype(np.float32)
+
+
+class ImagePreprocess:
+    """uint8 frames (B, H, W, 3) -> normalised float (B, 3, S, S) for an open_clip image tower."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float]):
+        self.size = int(size)
+        std_t = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
+        self.scale = 1.0 / (255.0 * std_t)
+        self.shift = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) / std_t
+
+    def __call__(self, frames: np.ndarray | torch.Tensor) -> torch.Tensor:
+        x = torch.as_tensor(frames).permute(0, 3, 1, 2).float()
+        if x.shape[-2:] != (self.size, self.size):
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False)
+        return x * self.scale - self.shift
+
+
+class ClipReward(RewardModel):
+    """A CLIP reward over rendered frames and an instruction (see the module docstring).
+
+    Args:
+        model: an open_clip model; its image tower ``model.visual`` embeds the frames.
+        text: the text side (``rewards.vlm.text``): ``encode(list[str]) -> (N, D)`` unit vectors.
+        preprocess: frames -> image-tower input.
+        alpha: goal-baseline projection strength in [0, 1].
+        baselines: baseline prompts (their mean embedding is b); needed when alpha > 0.
+        negatives: negative prompts (failure states); empty for none.
+        negative_weight: weight of the ``negative`` term.
+        smoothing: frames averaged by the wrappers and the evaluation (1: none).
+        batch_size: frames per forward pass of the image tower.
+        suite, image_size: what the model was fitted for (see ``RewardModel``).
+        calibration: (s, c) of the ``holds`` term, for a model fitted in-domain.
+        meta: the checkpoint's record (``describe`` returns it).
+    """
+
+    inputs = frozenset({"frames"})
+
+    def __init__(self, model: torch.nn.Module, text: Any, preprocess: ImagePreprocess, *, alpha: float = 0.0,
+                 baselines: Sequence[str] = (), negatives: Sequence[str] = (), negative_weight: float = 1.0,
+                 smoothing: int = 1, batch_size: int = 256, suite: str | None = None,
+                 image_size: int | None = None, calibration: tuple[float, float] | None = None,
+                 meta: dict[str, Any] | None = None, cache_text: bool = True):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if alpha > 0 and not baselines:
+            raise ValueError(f"alpha={alpha} projects onto the baseline->goal direction: give baseline prompts")
+        if negative_weight < 0:
+            raise ValueError(f"negative_weight must be >= 0, got {negative_weight}")
+        if smoothing < 1 or batch_size < 1:
+            raise ValueError(f"smoothing and batch_size must be >= 1, got {smoothing} and {batch_size}")
+        for what, prompts in (("baselines", baselines), ("negatives", negatives)):
+            if any(not isinstance(p, str) or not p.strip() for p in prompts):
+                raise ValueError(f"{what} must be non-empty strings, got {list(prompts)}")
+        self.model, self.text, self.preprocess = model.eval(), text, preprocess
+        self.alpha, self.baselines, self.negatives = float(alpha), list(baselines), list(negatives)
+        self.negative_weight, self.smoothing, self.batch_size = float(negative_weight), int(smoothing), int(batch_size)
+        self.suite, self.image_size, self.calibration = suite, image_size, calibration
+        self.meta = dict(meta or {})
+        self.cache_text = cache_text
+        self._text_cache: dict[str, torch.Tensor] = {}
+        w = self.negative_weight if self.negatives else 0.0
+        self.reward_range = (-1.0 - w, 1.0 + w)
+
+    def with_options(self, **changes: Any) -> "ClipReward":
+        """A copy with other scoring options (alpha, baselines, negatives, ...), sharing the
+        towers and the text cache."""
+        names = ("alpha", "baselines", "negatives", "negative_weight", "smoothing", "batch_size")
+        bad = sorted(set(changes) - set(names))
+        if bad:
+            raise ValueError(f"with_options: unknown option(s) {bad}; allowed: {list(names)}")
+        kw = {n: changes.get(n, getattr(self, n)) for n in names}
+        other = ClipReward(self.model, self.text, self.preprocess, suite=self.suite, image_size=self.image_size,
+                           calibration=self.calibration, meta=self.meta, cache_text=self.cache_text, **kw)
+        other._text_cache = self._text_cache
+        return other
+
+    # ------------------------------------------------------------- embeddings
+    def embed_texts(self, texts: Sequence[str]) -> torch.Tensor:
+        """Unit text embeddings (N, D), from the cache when ``cache_text``."""
+        if not self.cache_text:
+            return self.text.encode(list(texts))
+        missing = sorted({t for t in texts if t not in self._text_cache})
+        if missing:
+            for t, v in zip(missing, self.text.encode(missing)):
+                self._text_cache[t] = v
+        return torch.stack([self._text_cache[t] for t in texts])
+
+    def embed_images(self, frames: np.ndarray) -> torch.Tensor:
+        """Unit image embeddings (B, D) of uint8 frames (B, H, W, 3), ``batch_size`` at a time."""
+        out = []
+        with torch.inference_mode():
+            for i in range(0, len(frames), self.batch_size):
+                z = self.model.encode_image(self.preprocess(frames[i:i + self.batch_size]))
+                out.append(F.normalize(z.float(), dim=-1))
+        return torch.cat(out) if out else torch.zeros(0, self.text.dim)
+
+    # ------------------------------------------------------------------ reward
+    def score_embeddings(self, x: torch.Tensor, instruction: str | Sequence[str]) -> RewardOutput:
+        """The reward of unit image embeddings x (B, D) (see the module docstring)."""
+        b = x.shape[0]
+        texts = [instruction] * b if isinstance(instruction, str) else list(instruction)
+        uniq = sorted(set(texts))
+        table = self.embed_texts(uniq)
+        g = table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(b, -1)
+        if x.shape[-1] != g.shape[-1]:
+            raise RewardInputError(f"image embeddings are {x.shape[-1]}-d but the text side gives "
+                                   f"{g.shape[-1]}-d: the towers do not belong together")
+        sim = (x * g).sum(-1)
+        if self.alpha > 0:
+            base = F.normalize(self.embed_texts(self.baselines).mean(0), dim=-1)
+            goal = projected_reward(x, g, base, self.alpha)
+        else:
+            goal = sim
+        terms = {"similarity": sim, "goal": goal}
+        reward = goal
+        if self.negatives:
+            neg = (x @ self.embed_texts(self.negatives).T).mean(-1)
+            terms["negative"] = neg
+            reward = goal - self.negative_weight * neg
+        if self.calibration is not None:
+            s, c = self.calibration
+            terms["holds"] = torch.sigmoid(s * sim + c)
+        return RewardOutput(reward.numpy().astype(np.float32),
+                            {k: v.numpy().astype(np.float32) for k, v in terms.items()})
+
+    def score(self, frames: np.ndarray | None, states: np.ndarray | None,
+              instruction: str | Sequence[str]) -> RewardOutput:
+        return self.score_embeddings(self.embed_images(np.asarray(frames)), instruction)
+
+    def describe(self) -> dict[str, Any]:
+        """What the evaluation records about this reward."""
+        return {"name": "clip", "alpha": self.alpha, "baselines": self.baselines, "negatives": self.negatives,
+                "negative_weight": self.negative_weight, "smoothing": self.smoothing, "suite": self.suite,
+                "image_size": self.image_size, "text": self.text.describe(),
+                **{k: self.meta[k] for k in ("arch", "checkpoint", "fitted") if k in self.meta}}
+
+
+@dataclasses.dataclass
+class ClipRewardConfig:
+    """Settings of a CLIP reward (``configs/reward/clip.yaml``).
+
+    ``checkpoint`` is a reward folder written by ``embodied reward fit`` (reward.json +
+    model.safetensors), or a local open_clip weights file together with ``arch`` (an open_clip
+    architecture name such as ViT-B-32; ``arch_overrides`` replace entries of its config, e.g.
+    ``{"vision_cfg": {"image_size": 64}}``). Nothing is downloaded.
+    """
+
+    name: str = "clip"
+    checkpoint: str = ""
+    arch: str = ""
+    arch_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # open_clip config entries
+    alpha: float = 0.0
+    baselines: list[str] = dataclasses.field(default_factory=list)
+    negatives: list[str] = dataclasses.field(default_factory=list)
+    negative_weight: float = 1.0
+    smoothing: int = 1
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"reward.alpha must be in [0, 1], got {self.alpha}")
+        if self.alpha > 0 and not self.baselines:
+            raise ValueError(f"reward.alpha={self.alpha} needs reward.baselines=[...] (prompts describing the "
+                             "scene without the goal)")
+        if self.smoothing < 1:
+            raise ValueError(f"reward.smoothing must be >= 1 (frames averaged; 1 = none), got {self.smoothing}")
+        if self.batch_size < 1:
+            raise ValueError(f"reward.batch_size must be >= 1, got {self.batch_size}")
+        if self.negative_weight < 0:
+            raise ValueError(f"reward.negative_weight must be >= 0, got {self.negative_weight}")
+        if not str(self.checkpoint).strip():
+            raise ValueError("reward.checkpoint is empty: give a reward folder from `embodied reward fit "
+                             "suite=...` (the offline default), or a local open_clip weights file with "
+                             "reward.arch=NAME. No pretrained CLIP weights ship with the package and nothing "
+                             "is downloaded.")
+
+
+def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
+    """The CLIP reward ``cfg`` describes, its weights read from ``cfg.checkpoint``."""
+    from pathlib import Path
+
+    from rewards.vlm.text import CenteredText, MiniLMText, OpenClipText
+    from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, RewardCheckpointError, image_size_of,
+                                    is_reward_checkpoint, load_open_clip, read_reward_checkpoint)
+
+    path = Path(cfg.checkpoint)
+    options = dict(alpha=cfg.alpha, baselines=cfg.baselines, negatives=cfg.negatives,
+                   negative_weight=cfg.negative_weight, smoothing=cfg.smoothing, batch_size=cfg.batch_size)
+    if is_reward_checkpoint(path):
+        meta, model = read_reward_checkpoint(path)
+        text = MiniLMText() if meta["text"]["name"] == "minilm" else OpenClipText(model, meta["arch"])
+        if meta.get("text_center") is not None:
+            text = CenteredText(text, torch.tensor(meta["text_center"]))
+        size = int(meta["image_size"])  # the frames it reads; the tower may take another size
+        pre = ImagePreprocess(image_size_of(model), meta.get("mean", OPENAI_MEAN), meta.get("std", OPENAI_STD))
+        cal = meta.get("calibration")
+        return ClipReward(model, text, pre, suite=meta["suite"], image_size=size,
+                          calibration=(float(cal[0]), float(cal[1])) if cal else None,
+                          meta={**meta, "checkpoint": str(path)}, **options)
+    if path.is_dir():
+        raise RewardCheckpointError(f"reward.checkpoint {cfg.checkpoint!r} is a folder without reward.json: give a "
+                                    "folder written by `embodied reward fit`, or an open_clip weights file")
+    if not cfg.arch:
+        if not path.exists():
+            raise FileNotFoundError(f"reward.checkpoint {cfg.checkpoint!r} does not exist: give a folder written by "
+                                    "`embodied reward fit`, or a local open_clip weights file with reward.arch=NAME")
+        raise ValueError(f"reward.checkpoint {cfg.checkpoint!r} is a weights file: say its open_clip architecture "
+                         "with reward.arch=NAME (e.g. ViT-B-32)")
+    model = load_open_clip(cfg.arch, path, cfg.arch_overrides)
+    import open_clip
+
+    pre_cfg = open_clip.get_model_preprocess_cfg(model)
+    pre = ImagePreprocess(image_size_of(model), pre_cfg.get("mean", OPENAI_MEAN), pre_cfg.get("std", OPENAI_STD))
+    return ClipReward(model, OpenClipText(model, cfg.arch), pre,
+                      meta={"arch": cfg.arch, "checkpoint": str(path)}, **options)
+
+
+def reward_from_settings(settings: dict[str, Any]) -> ClipReward:
+    """``rewards.registry`` entry: a ``ClipReward`` from the ``reward:`` config group."""
+    known = {f.name for f in dataclasses.fields(ClipRewardConfig)}
+    bad = sorted(set(settings) - known)
+    if bad:
+        raise ValueError(f"reward=clip: unknown setting(s) {bad}; allowed: {sorted(known)}")
+    return load_clip_reward(ClipRewardConfig(**settings))

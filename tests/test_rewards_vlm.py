@@ -1,0 +1,344 @@
+"""VLM rewards: metrics, the CLIP reward's math and contract on every task, checkpoints and
+their errors, wrappers, and tiny-budget smoke runs of ``embodied reward fit | eval | bench``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import embodied
+from embodied.core.reward import RewardInputError, RewardMismatchError
+from rewards import quality
+from rewards.vlm.model import ClipReward, ClipRewardConfig, ImagePreprocess, causal_mean, load_clip_reward, \
+    projected_reward
+from rewards.vlm.towers import OPENAI_MEAN, OPENAI_STD, PLACEHOLDER_TEXT, RewardCheckpointError, build_open_clip
+
+TINY_VISION = {"image_size": 64, "patch_size": 16, "width": 32, "layers": 1, "head_width": 16}
+SUITES = ("manipulation", "navigation", "metaworld-mt10")
+
+
+def embodied_cli(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=600)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def frames_of(task: str, n: int = 3, size: int = 64, seed: int = 0) -> tuple[np.ndarray, str]:
+    env = embodied.make_env(task, render_mode="rgb_array", render_size=size)
+    obs, _ = env.reset(seed=seed)
+    frames = [env.render()]
+    rng = np.random.default_rng(seed)
+    for _ in range(n - 1):
+        env.step(rng.uniform(-1, 1, env.action_space.shape).astype(np.float32))
+        frames.append(env.render())
+    env.close()
+    return np.stack(frames), obs["instruction"]
+
+
+@pytest.fixture(scope="module")
+def tiny_reward() -> ClipReward:
+    """A randomly initialised small open_clip image tower with the MiniLM text side (no suite)."""
+    from rewards.vlm.text import MiniLMText
+
+    torch.manual_seed(0)
+    model = build_open_clip("ViT-S-32", {"embed_dim": 384, "vision_cfg": TINY_VISION, "text_cfg": PLACEHOLDER_TEXT})
+    return ClipReward(model, MiniLMText(), ImagePreprocess(64, OPENAI_MEAN, OPENAI_STD), image_size=64,
+                      baselines=["a robot"], negatives=["nothing has been done yet"])
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> Path:
+    """A reward fitted (two optimiser steps) for the manipulation suite, from the fit command's code."""
+    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from rewards.vlm.fit import FitSettings
+
+    out = tmp_path_factory.mktemp("fit")
+    cfg = RewardFitConfig(suite="manipulation", tasks=["reach", "press-button"],
+                          bank=BankConfig(seeds=2, behaviours=["expert", "random"]),
+                          fit=FitSettings(steps=2, batch_size=8, log_every=1), progress=False)
+    run_fit(cfg, out)
+    return out / "reward"
+
+
+# ------------------------------------------------------------------------------ metrics
+def test_auroc_spearman_voc_known_values():
+    assert quality.auroc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert quality.auroc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert quality.auroc([0.5, 0.5, 0.5, 0.5], [0, 1, 0, 1]) == 0.5
+    assert quality.auroc([0.1, 0.6, 0.4, 0.9], [0, 0, 1, 1]) == 0.75  # 3 of 4 pairs ordered
+    assert np.isnan(quality.auroc([0.1, 0.2], [1, 1]))
+    assert quality.spearman([1, 2, 3, 4], [10, 20, 30, 1000]) == pytest.approx(1.0)
+    assert quality.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert quality.voc(np.exp(np.linspace(0, 3, 20))) == pytest.approx(1.0)
+    fpr, tpr = quality.roc_curve([0.1, 0.6, 0.4, 0.9], [0, 0, 1, 1])
+    assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
+    assert np.trapezoid(tpr, fpr) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="same length"):
+        quality.auroc([0.1, 0.2], [1])
+
+
+def _brute_canonical(r: np.ndarray, pairs: np.ndarray, pool: np.ndarray, gamma: float) -> np.ndarray:
+    out = []
+    for s, s2 in pairs:
+        out.append(r[s, s2] + gamma * np.mean([r[s2, x] for x in pool]) - np.mean([r[s, x] for x in pool])
+                   - gamma * np.mean([[r[a, b] for b in pool] for a in pool]))
+    return np.array(out)
+
+
+def test_epic_matches_its_definition_and_invariances():
+    rng = np.random.default_rng(0)
+    n, gamma = 30, 0.9
+    r = torch.from_numpy(rng.normal(size=(n, n)))  # a reward of every transition a -> b
+    pairs = rng.integers(0, n, (40, 2))
+    pool = np.arange(0, n, 2)
+    s, s2, p = torch.from_numpy(pairs[:, 0]), torch.from_numpy(pairs[:, 1]), torch.from_numpy(pool)
+    got = quality.canonicalize(lambda a, b: r[a, b], s, s2, p, gamma).numpy()
+    assert np.allclose(got, _brute_canonical(r.numpy(), pairs, pool, gamma))
+
+    base = torch.from_numpy(rng.normal(size=n))
+    phi = torch.from_numpy(rng.normal(size=n)) * 5
+    reward = quality.next_state_reward(base)
+    shaped = lambda a, b: 3.0 * base[b] + 7.0 + gamma * phi[b] - phi[a]  # noqa: E731
+    assert quality.epic_distance(reward, shaped, s, s2, p, gamma) == pytest.approx(0.0, abs=1e-6)
+    assert quality.epic_distance(reward, lambda a, b: -base[b], s, s2, p, gamma) == pytest.approx(1.0, abs=1e-6)
+    other = quality.next_state_reward(torch.from_numpy(rng.normal(size=n)))
+    assert 0.3 < quality.epic_distance(reward, other, s, s2, p, gamma) < 0.9
+
+
+# -------------------------------------------------------------------------------- math
+def test_projection_reward_against_the_matrix_formula():
+    rng = np.random.default_rng(1)
+    unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)  # noqa: E731
+    x, g, b = unit(rng.normal(size=(5, 8))), unit(rng.normal(size=(5, 8))), unit(rng.normal(size=8))
+    for alpha in (0.0, 0.3, 1.0):
+        got = projected_reward(torch.from_numpy(x), torch.from_numpy(g), torch.from_numpy(b), alpha).numpy()
+        for i in range(5):
+            d = g[i] - b
+            p = alpha * np.outer(d, d) / (d @ d) + (1 - alpha) * np.eye(8)
+            assert got[i] == pytest.approx(1 - 0.5 * np.sum(((x[i] - g[i]) @ p) ** 2))
+        assert np.all(got >= -1 - 1e-9) and np.all(got <= 1 + 1e-9)
+    cos = (x * g).sum(-1)
+    assert np.allclose(projected_reward(torch.from_numpy(x), torch.from_numpy(g), torch.from_numpy(b), 0.0), cos)
+
+
+def test_causal_mean():
+    assert np.allclose(causal_mean(np.array([1.0, 3.0, 5.0, 7.0]), 2), [1, 2, 4, 6])
+    assert np.allclose(causal_mean(np.array([1.0, 3.0]), 1), [1, 3])
+
+
+# ------------------------------------------------------------------- the contract, every task
+@pytest.mark.parametrize("suite", SUITES)
+def test_finite_reward_in_documented_range_on_every_task(tiny_reward, suite):
+    lo, hi = tiny_reward.reward_range
+    assert (lo, hi) == (-2.0, 2.0)  # goal in [-1, 1] minus a negative term in [-1, 1]
+    for task in embodied.list_tasks(suite):
+        frames, instruction = frames_of(task)
+        out = tiny_reward(frames, None, instruction)
+        assert out.reward.shape == (len(frames),) and out.reward.dtype == np.float32
+        assert np.all(np.isfinite(out.reward)) and np.all((lo <= out.reward) & (out.reward <= hi)), task
+        assert set(out.terms) == {"similarity", "goal", "negative"}
+        assert all(np.all(np.abs(v) <= 1 + 1e-5) for v in out.terms.values()), task
+
+
+def test_cached_and_uncached_paths_agree(tiny_reward):
+    frames, instruction = frames_of("pick", n=5)
+    other = "open the drawer"
+    cached = tiny_reward.with_options(alpha=0.5, batch_size=2)
+    a = cached(frames, None, [instruction, other, instruction, other, instruction])
+    assert instruction in cached._text_cache and other in cached._text_cache
+    b = cached(frames, None, [instruction, other, instruction, other, instruction])  # from the cache
+    uncached = tiny_reward.with_options(alpha=0.5, batch_size=5)
+    uncached.cache_text = False
+    uncached._text_cache = {}
+    c = uncached(frames, None, [instruction, other, instruction, other, instruction])
+    assert not uncached._text_cache
+    for out in (b, c):
+        assert np.allclose(a.reward, out.reward, atol=1e-5)
+        assert all(np.allclose(a.terms[k], out.terms[k], atol=1e-5) for k in a.terms)
+    # one frame at a time gives the batch's rewards
+    one = np.concatenate([tiny_reward(frames[i:i + 1], None, instruction).reward for i in range(5)])
+    assert np.allclose(one, tiny_reward(frames, None, instruction).reward, atol=1e-5)
+
+
+def test_bad_inputs_give_clear_errors(tiny_reward):
+    frames, instruction = frames_of("reach", n=2)
+    with pytest.raises(RewardInputError, match="non-empty string"):
+        tiny_reward(frames, None, "")
+    with pytest.raises(RewardInputError, match="non-empty string"):
+        tiny_reward(frames, None, ["   ", instruction])
+    with pytest.raises(RewardInputError, match=r"\(B, H, W, 3\).*channels last"):
+        tiny_reward(frames.transpose(0, 3, 1, 2), None, instruction)
+    with pytest.raises(RewardInputError, match=r"\(B, H, W, 3\)"):
+        tiny_reward(frames[0], None, instruction)
+    with pytest.raises(RewardInputError, match="uint8"):
+        tiny_reward(frames.astype(np.float32), None, instruction)
+    small, _ = frames_of("reach", n=1, size=32)
+    with pytest.raises(RewardInputError, match="32x32.*64x64.*render_size=64"):
+        tiny_reward(small, None, instruction)
+    with pytest.raises(RewardInputError, match="one instruction or one per row"):
+        tiny_reward(frames, None, [instruction])
+    with pytest.raises(ValueError, match="alpha"):
+        tiny_reward.with_options(alpha=1.5)
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def test_missing_and_damaged_checkpoints(tmp_path, fitted):
+    with pytest.raises(ValueError, match="reward.checkpoint is empty"):
+        ClipRewardConfig()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "nope.pt"), arch="ViT-S-32"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "nope")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RewardCheckpointError, match="without reward.json"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "empty")))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "reward.json").write_text((fitted / "reward.json").read_text())
+    with pytest.raises(RewardCheckpointError, match="no model.safetensors"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(broken)))
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    with pytest.raises(RewardCheckpointError, match="does not load"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(broken)))
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"x")
+    with pytest.raises(ValueError, match="reward.arch=NAME"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(weights)))
+    with pytest.raises(ValueError, match="schema names"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(weights), arch="hf-hub:someone/model"))
+
+
+def test_fitted_checkpoint_records_its_suite_and_refuses_another(fitted):
+    meta = json.loads((fitted / "reward.json").read_text())
+    assert meta["suite"] == "manipulation" and meta["fitted"]["split"] == "train"
+    assert meta["fitted"]["seeds"] == [0, 2]
+    model = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted)))
+    assert model.suite == "manipulation" and model.image_size == 64
+    model.check_suite("manipulation")
+    with pytest.raises(RewardMismatchError, match="fitted for suite 'manipulation', not 'navigation'"):
+        model.check_suite("navigation")
+    for task in ("reach", "stack"):
+        frames, instruction = frames_of(task, n=2)
+        out = model(frames, None, instruction)
+        lo, hi = model.reward_range
+        assert np.all(np.isfinite(out.reward)) and np.all((lo <= out.reward) & (out.reward <= hi))
+        assert np.all((0 <= out.terms["holds"]) & (out.terms["holds"] <= 1))
+
+
+def test_random_init_open_clip_checkpoint_loads_by_path(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "random_rn50.pt"
+    small = {"vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 8, "head_width": 8},
+             "text_cfg": {"width": 64, "heads": 1, "layers": 1}}
+    torch.save(build_open_clip("RN50", small).state_dict(), path)
+    model = load_clip_reward(ClipRewardConfig(checkpoint=str(path), arch="RN50", arch_overrides=small))
+    assert model.suite is None and model.image_size is None  # not fitted for a suite; reads any frame size
+    frames, instruction = frames_of("pick", n=2, size=96)  # resized to the tower's 64 px
+    out = model(frames, None, instruction)
+    assert np.all(np.isfinite(out.reward)) and np.all(np.abs(out.reward) <= 1 + 1e-5)
+    assert model.describe()["text"]["name"] == "open_clip"
+    # the file's architecture differs from stock RN50: loading it as RN50 names the mismatch
+    with pytest.raises(RewardCheckpointError, match="does not fit open_clip arch 'RN50'"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(path), arch="RN50"))
+
+
+# ----------------------------------------------------------------------------------- wrappers
+def test_gymnasium_wrapper_adds_reward_and_terms(tiny_reward):
+    from rewards.wrappers import RewardWrapper
+
+    env = embodied.make_env("reach", render_mode="rgb_array", render_size=64)
+    wrapped = RewardWrapper(env, tiny_reward, smoothing=2)
+    obs, _ = wrapped.reset(seed=3)
+    rewards = []
+    for _ in range(3):
+        _, r, _, _, info = wrapped.step(env.unwrapped.expert_action())
+        rewards.append(tiny_reward(env.render()[None], None, obs["instruction"]).reward[0])
+        assert set(info["reward_model"]) == {"reward", "similarity", "goal", "negative"}
+        assert r == pytest.approx(info["reward_model"]["reward"]) and np.isfinite(info["env_reward"])
+    assert r == pytest.approx(np.mean(rewards[-2:]), abs=1e-5)  # the mean of the last two frames
+    env.close()
+    with pytest.raises(RewardInputError, match="render_mode='rgb_array'"):
+        RewardWrapper(embodied.make_env("reach"), tiny_reward)
+
+
+def test_sb3_batch_path_scores_each_step_on_its_own_frame(tiny_reward):
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from rewards.wrappers import RewardInputs, VecRewardWrapper
+
+    def make():
+        env = embodied.make_env("press-button", render_mode="rgb_array", render_size=64, max_episode_steps=4)
+        return gym.wrappers.FilterObservation(RewardInputs(env), ["state"])
+
+    venv = VecRewardWrapper(DummyVecEnv([make, make, make]), tiny_reward)
+    venv.seed(0)
+    venv.reset()
+    for t in range(4):
+        _, rewards, dones, infos = venv.step(np.zeros((3, 4), np.float32))
+        frames = np.stack([i["frame"] for i in infos])
+        expect = tiny_reward(frames, None, [i["instruction"] for i in infos]).reward
+        assert np.allclose(rewards, expect, atol=1e-5)
+        assert all("reward_model" in i and "env_reward" in i for i in infos)
+    assert dones.all()  # the last step was scored on the episode's final frame, before the reset
+    with pytest.raises(RewardInputError, match="RewardInputs"):
+        bare = VecRewardWrapper(DummyVecEnv([lambda: gym.wrappers.FilterObservation(
+            embodied.make_env("reach", render_mode="rgb_array", render_size=64), ["state"])]), tiny_reward)
+        bare.reset()
+        bare.step(np.zeros((1, 4), np.float32))
+
+
+# ------------------------------------------------------------------------------- commands
+def test_reward_commands_smoke(tmp_path, fitted):
+    run = tmp_path / "fit"
+    embodied_cli("reward", "fit", "tasks=[reach]", "bank.seeds=2", "bank.behaviours=[expert,random]",
+                 "fit.steps=2", "fit.batch_size=8", "progress=false",
+                 f"hydra.run.dir={run}", cwd=tmp_path)
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["suite"] == "manipulation" and (run / "reward/model.safetensors").is_file()
+
+    ev = tmp_path / "eval"
+    embodied_cli("reward", "eval", "tasks=[reach]", f"reward.checkpoint={run / 'reward'}", "bank.seeds=2",
+                 "bank.behaviours=[expert,partial,random]", "alphas=[0.0,1.0]", "progress=false",
+                 f"hydra.run.dir={ev}", cwd=tmp_path)
+    m = json.loads((ev / "metrics.json").read_text())
+    for key in ("auroc", "voc", "return_spearman", "epic", "per_task", "alpha_sensitivity", "wording_sensitivity",
+                "ground_truth_dense_reward"):
+        assert key in m
+    p = m["per_task"]["reach"]
+    assert 0 <= p["auroc"] <= 1 and -1 <= p["voc"] <= 1 and 0 <= p["epic"] <= 1 and p["success_frames"] > 0
+    assert set(m["wording_sensitivity"]["reach"]["heldout"]) == set(embodied.get_task("reach").heldout_instructions)
+    assert m["ground_truth_dense_reward"]["per_task"]["reach"]["epic"] == pytest.approx(0.0, abs=1e-6)
+    for f in ("report.md", "roc.png", "reward_along_episode.png", "sensitivity.png"):
+        assert (ev / f).is_file(), f
+
+    bench = tmp_path / "bench"
+    embodied_cli("reward", "bench", "task=reach", f"reward.checkpoint={run / 'reward'}", "frames=64", "steps=4",
+                 "num_envs=2", "rounds=1", f"hydra.run.dir={bench}", cwd=tmp_path)
+    m = json.loads((bench / "metrics.json").read_text())
+    assert m["score_frames_per_s"] > 0 and 0 < m["end_to_end_fraction"] <= 1.5
+
+
+def test_reward_command_errors(tmp_path, fitted):
+    r = embodied_cli("reward", "evaluate", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "Did you mean 'eval'" in r.stderr
+    r = embodied_cli("reward", "eval", "suite=navigation", f"reward.checkpoint={fitted}", "bank.seeds=1",
+                     f"hydra.run.dir={tmp_path / 'e1'}", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "fitted for suite 'manipulation', not 'navigation'" in r.stderr
+    r = embodied_cli("reward", "eval", "tasks=[reach]", f"reward.checkpoint={fitted}", "bank.seeds=3", "bank.seed=1",
+                     f"hydra.run.dir={tmp_path / 'e2'}", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "overlap the seeds the reward was fitted on [0, 2)" in r.stderr
+    r = embodied_cli("reward", "eval", "tasks=[reach]", f"reward.checkpoint={tmp_path / 'missing'}",
+                     f"hydra.run.dir={tmp_path / 'e3'}", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = embodied_cli("reward", "fit", "tasks=[reach]", "bank.split=heldout", f"hydra.run.dir={tmp_path / 'f'}",
+                     cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "held-out wordings are never used to fit" in r.stderr
