@@ -23,7 +23,6 @@ import random
 import subprocess
 import sys
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -28,7 +28,6 @@ import functools
 import os
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from embodied.core.errors import UnknownNameError
