@@ -107,9 +107,19 @@ def to_schema(cfg: Any, schema: type) -> Any:
         if OmegaConf.is_dict(node) and OmegaConf.get_type(node) not in (dict, None):
             check_numbers(OmegaConf.to_object(node))
     values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, structured_config_mode=SCMode.DICT)
-    obj = schema(**values)  # its own checks first: they say more than the generic ones
+    obj = _build(schema, values)  # its own checks first: they say more than the generic ones
     check_numbers(obj)
     return obj
+
+
+def _build(schema: type, values: dict[str, Any]) -> Any:
+    """``schema(**values)``, with each field typed as a dataclass (``loop: LoopConfig``) built as one too."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        kind = hints.get(f.name)
+        if dataclasses.is_dataclass(kind) and isinstance(values.get(f.name), dict):
+            values[f.name] = _build(kind, values[f.name])
+    return schema(**values)
 
 
 def check_numbers(cfg: Any) -> None:
