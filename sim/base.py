@@ -207,8 +207,8 @@ class BaseEnv(gym.Env):
             gymnasium.error.ResetNeeded: no episode yet (``step()`` before the first ``reset()``).
         """
         if not self._episode_started:
-            raise gym.error.ResetNeeded(f"step() before reset() on task {self.spec_task.name!r}: call env.reset(seed=...) "
-                               "first (it places the objects and draws the instruction)")
+            raise gym.error.ResetNeeded(f"step() before reset() on task {self.spec_task.name!r}: call "
+                                        "env.reset(seed=...) first (it places the objects and draws the instruction)")
         a = np.asarray(action, dtype=np.float32)
         if a.shape != self.action_space.shape:
             raise InvalidActionError(f"action must have shape {self.action_space.shape} "

@@ -254,7 +254,8 @@ def test_a_template_field_the_task_lacks_is_named_before_any_episode(tmp_path, m
 
 
 @pytest.mark.parametrize("schema, kwargs, named", [
-    ("eval", {"checkpoint": "ck", "policy": {"name": "flow", "horizon": 16}}, "policy='flow' (and its fields) has no effect"),
+    ("eval", {"checkpoint": "ck", "policy": {"name": "flow", "horizon": 16}},
+     "policy='flow' (and its fields) has no effect"),
     ("eval", {"checkpoints": ["a", "b"], "policy": {"name": "mlp"}}, "policy='mlp' has no effect"),
     ("eval", {"num_inference_steps": 4}, "num_inference_steps=4 has no effect on the scripted experts"),
     ("eval", {"ground_instructions": True}, "ground_instructions=True has no effect on the scripted experts"),

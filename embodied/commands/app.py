@@ -12,9 +12,10 @@ registries: ``suite`` (``suite=<name>`` sets ``suite``; one option per registere
 repeats a default and a typo'd ``policy.<field>`` is refused; and ``expert``, the scripted
 experts). The recipes are YAML (``configs/recipe/``, see ``configs/train.yaml``).
 
-Besides a schema's own ``__post_init__`` checks, every command's top-level numbers are
-checked here: an ``int`` field must be >= 0 (counts, sizes, steps and seeds; a field whose
-``metadata`` has ``signed=True`` may be negative) and a ``float`` field must be finite.
+Besides a schema's own ``__post_init__`` checks, every command's numbers (and those of a
+nested structured node such as ``policy``) are checked here: an ``int`` field must be >= 0
+(counts, sizes, steps and seeds; a field whose ``metadata`` has ``signed=True`` may be
+negative) and a ``float`` field must be finite, unless the value is the field's default.
 
 A user error (a value the schema refuses, an unknown option or field) ends the command
 with one line on stderr, ``embodied <name>: error: ...``, and exit status 2; Ctrl-C ends it
@@ -33,6 +34,7 @@ the earlier invocation are then kept in ``.hydra/previous/<k>/``. A command may 
 writes anything, to refuse (a user error) or to end early (``AlreadyDone``), e.g. a resume
 that does not fit the run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -126,12 +128,13 @@ def check_numbers(cfg: Any) -> None:
     """Refuse a negative ``int`` field (unless its metadata has ``signed=True``) or a NaN/inf ``float`` field.
 
     Every count, size, step and seed of a command is >= 0, so a negative one is a typo
-    whatever the command; a number that is not finite never is a setting.
+    whatever the command; a number that is not finite is not a setting. A field's own default
+    is always allowed (e.g. ``float("inf")`` for "no limit").
     """
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         v, kind = getattr(cfg, f.name), hints.get(f.name)
-        if isinstance(v, bool) or v is None:
+        if isinstance(v, bool) or v is None or (f.default is not dataclasses.MISSING and v == f.default):
             continue
         if kind in (int, typing.Optional[int]) and isinstance(v, int) and v < 0 and not f.metadata.get("signed"):
             raise ValueError(f"{f.name}={v} is not allowed: must be an int >= 0 (a count, size, step or seed)")
@@ -204,12 +207,13 @@ def describe_error(error: BaseException) -> str:
     return " ".join(p if p.endswith((".", "?")) else p + "." for p in parts)
 
 
-def user_error(error: BaseException) -> str | None:
+def user_error(error: BaseException, command_line: bool = True) -> str | None:
     """What the CLI says about ``error`` in ``embodied <name>: error: ...``, or None when it is
     not a user error (a bug, which keeps its traceback).
 
-    User errors: Hydra's and OmegaConf's (a bad command line, said by ``describe_error``), and
-    ours (``EmbodiedError``), ``ValueError`` and ``FileNotFoundError`` raised for bad input.
+    User errors: ours (``EmbodiedError``), ``ValueError`` and ``FileNotFoundError`` raised for
+    bad input (also as the cause of Hydra's ``InstantiationException``), and, while the command
+    line is read (``command_line``), Hydra's and OmegaConf's, said by ``describe_error``.
     """
     from hydra.errors import HydraException, InstantiationException
     from omegaconf.errors import OmegaConfBaseException
@@ -220,7 +224,7 @@ def user_error(error: BaseException) -> str | None:
         error = error.__cause__
     if isinstance(error, (EmbodiedError, ValueError, FileNotFoundError, RunDirError)):
         return str(error)
-    if isinstance(error, (HydraException, OmegaConfBaseException)):
+    if command_line and isinstance(error, (HydraException, OmegaConfBaseException)):
         return describe_error(error)
     return None
 
@@ -423,7 +427,7 @@ def hydra_command(name: str, schema: type, prepare: Callable[[Any, Path], None] 
             except Exception as e:
                 # Hydra's and OmegaConf's errors from here on are the command's own (bugs); ours,
                 # ValueError and FileNotFoundError are bad input: said without a traceback
-                message = None if isinstance(e, (HydraException, OmegaConfBaseException)) else user_error(e)
+                message = user_error(e, command_line=False)
                 if message is None:
                     raise
                 _fail(name, message)

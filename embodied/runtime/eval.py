@@ -43,7 +43,8 @@ DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 def check_device(device: str) -> None:
     """Refuse a ``device`` that is not a torch device name (whether it exists here is checked on use)."""
     if not isinstance(device, str) or not DEVICE.fullmatch(device):
-        raise ValueError(f"device={device!r} is not allowed: use auto (the GPU when there is one), cpu, cuda[:N] or mps")
+        raise ValueError(f"device={device!r} is not allowed: use auto (the GPU when there is one), cpu, "
+                         "cuda[:N] or mps")
 
 
 @dataclass

@@ -79,7 +79,8 @@ def read_instruction(path: str) -> str:
     if not text:
         raise ValueError(f"instruction_file {path!r} is empty: write the instruction in it")
     if "\n" in text:
-        raise ValueError(f"instruction_file {path!r} holds {len(text.splitlines())} lines: one instruction, on one line")
+        raise ValueError(f"instruction_file {path!r} holds {len(text.splitlines())} lines: one instruction, "
+                         "on one line")
     return text
 
 

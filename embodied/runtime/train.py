@@ -286,7 +286,8 @@ def _recorded_run(ckpt: Path) -> tuple[dict[str, Any], int, dict[str, int] | Non
             return dict(data["settings"]), int(data["step"]), data.get("dataset_episodes"), str(record)
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{record} is damaged ({type(e).__name__}: {e}); the run's settings are unknown, so it "
-                             "is not resumed: give a new hydra.run.dir=PATH, or restart=true to move it aside") from None
+                             "is not resumed: give a new hydra.run.dir=PATH, or restart=true to move it aside"
+                             ) from None
     import torch
 
     from policies.common.checkpoint import read_checkpoint_config
