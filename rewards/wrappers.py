@@ -6,13 +6,13 @@ model's reward alone: the task is given in words, not in reward code) and put th
 <term>: float, ...}``, the model's named terms). With ``smoothing`` = k > 1 the model reward is
 the mean over the episode's last k frames.
 
-- ``RewardWrapper(env, model)``: one gymnasium env; renders ``env.render()`` each step and
-  scores that frame against the episode's instruction (``obs["instruction"]``). The env
-  must be made with ``render_mode="rgb_array"`` and ``render_size`` = the model's
-  ``image_size``.
+- ``RewardWrapper(env, model)``: one gymnasium env; takes each step's frame (the observation
+  image of ``model.camera``, else ``env.render()``) and scores it against the episode's
+  instruction (``obs["instruction"]``). ``frame_env_kwargs(model.camera, model.image_size)``
+  gives the ``make_env`` arguments that make such an env.
 - ``RewardInputs(env)`` + ``VecRewardWrapper(venv, model)``: for SB3 vector envs. The first
   runs inside each sub-env (in the worker process for ``SubprocVecEnv``, so rendering is
-  parallel) and puts the frame, the instruction and the privileged state of every step in
+  parallel; pass ``camera=model.camera``) and puts the frame, the instruction and the privileged state of every step in
   ``info`` -- before SB3 auto-resets, so the last step of an episode is scored on its own
   frame. The second scores the whole batch of frames in one forward pass per step.
 """
@@ -29,6 +29,28 @@ from stable_baselines3.common.vec_env import VecEnvWrapper
 from embodied.core.reward import RewardInputError, RewardModel
 
 
+def frame_env_kwargs(camera: str | None, image_size: int) -> dict[str, Any]:
+    """``make_env`` keyword arguments under which an env yields the frames a reward reads:
+    observation images of ``camera`` (the state kept beside them), else ``render()`` frames,
+    of side ``image_size`` (a model's ``camera`` and ``image_size``)."""
+    if camera:
+        return {"obs_mode": "state+pixels", "cameras": [camera], "image_size": image_size}
+    return {"render_mode": "rgb_array", "render_size": image_size}
+
+
+def read_frame(env: gym.Env, obs: Any, camera: str | None) -> np.ndarray:
+    """The frame a reward reads after a step: ``camera``'s observation image, else ``env.render()``."""
+    if not camera:
+        return env.render()
+    if isinstance(obs, dict) and isinstance(obs.get("images"), dict) and camera in obs["images"]:
+        return obs["images"][camera]
+    cams = tuple(getattr(env.unwrapped, "cameras", ()))
+    if isinstance(obs, dict) and "image" in obs and cams[:1] == (camera,):
+        return obs["image"]
+    raise RewardInputError(f"this reward reads the {camera!r} camera's images: make the env with "
+                           f"obs_mode='state+pixels' (or 'pixels'), cameras=[{camera!r}] (it has {list(cams)})")
+
+
 def _check_weights(env_weight: float, model_weight: float, smoothing: int) -> None:
     if not (np.isfinite(env_weight) and np.isfinite(model_weight)):
         raise ValueError(f"env_weight and model_weight must be finite, got {env_weight}, {model_weight}")
@@ -37,7 +59,7 @@ def _check_weights(env_weight: float, model_weight: float, smoothing: int) -> No
 
 
 def _check_render(env: gym.Env, model: RewardModel) -> None:
-    if "frames" not in model.inputs:
+    if "frames" not in model.inputs or model.camera:
         return
     if getattr(env, "render_mode", None) != "rgb_array":
         raise RewardInputError(f"{type(model).__name__} reads rendered frames: make the env with "
@@ -76,7 +98,7 @@ class RewardWrapper(gym.Wrapper):
 
     def step(self, action: Any):
         obs, env_reward, terminated, truncated, info = self.env.step(action)
-        frames = self.env.render()[None] if "frames" in self.model.inputs else None
+        frames = read_frame(self.env, obs, self.model.camera)[None] if "frames" in self.model.inputs else None
         states = self.env.unwrapped.privileged_state()[None] if "states" in self.model.inputs else None
         out = self.model(frames, states, self._instruction)
         self._recent.append(float(out.reward[0]))
@@ -96,12 +118,13 @@ class RewardInputs(gym.Wrapper):
     the observation at reset.
     """
 
-    def __init__(self, env: gym.Env, frames: bool = True, states: bool = False, instruction: str | None = None):
+    def __init__(self, env: gym.Env, frames: bool = True, states: bool = False, instruction: str | None = None,
+                 camera: str | None = None):
         super().__init__(env)
-        if frames and getattr(env, "render_mode", None) != "rgb_array":
+        if frames and not camera and getattr(env, "render_mode", None) != "rgb_array":
             raise RewardInputError(f"RewardInputs renders frames: make the env with render_mode='rgb_array' "
-                                   f"(got {env.render_mode!r})")
-        self.frames, self.states, self.fixed_instruction = frames, states, instruction
+                                   f"(got {env.render_mode!r}), or name the camera whose images to pass")
+        self.frames, self.states, self.fixed_instruction, self.camera = frames, states, instruction, camera
         self._instruction = instruction or ""
 
     def reset(self, **kwargs: Any):
@@ -114,7 +137,7 @@ class RewardInputs(gym.Wrapper):
         info = dict(info)
         info["instruction"] = self._instruction
         if self.frames:
-            info["frame"] = self.env.render()
+            info["frame"] = read_frame(self.env, obs, self.camera)
         if self.states:
             info["privileged_state"] = self.env.unwrapped.privileged_state()
         return obs, reward, terminated, truncated, info

@@ -249,6 +249,18 @@ def test_random_init_open_clip_checkpoint_loads_by_path(tmp_path):
     with pytest.raises(RewardCheckpointError, match="does not fit open_clip arch 'RN50'"):
         load_clip_reward(ClipRewardConfig(checkpoint=str(path), arch="RN50"))
 
+    # fine-tuning it in-domain: its own text tower locked, saved as a reward folder for the suite
+    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from rewards.vlm.fit import FitSettings
+
+    run_fit(RewardFitConfig(tasks=["reach"], bank=BankConfig(seeds=1, behaviours=["expert"]), arch="RN50",
+                            init=str(path), init_overrides=small, fit=FitSettings(steps=1, batch_size=4),
+                            progress=False), tmp_path)
+    tuned = load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "reward")))
+    assert tuned.suite == "manipulation" and tuned.describe()["text"]["name"] == "open_clip"
+    frames, instruction = frames_of("reach", n=2)
+    assert np.all(np.isfinite(tuned(frames, None, instruction).reward))
+
 
 # ----------------------------------------------------------------------------------- wrappers
 def test_gymnasium_wrapper_adds_reward_and_terms(tiny_reward):
@@ -267,6 +279,22 @@ def test_gymnasium_wrapper_adds_reward_and_terms(tiny_reward):
     env.close()
     with pytest.raises(RewardInputError, match="render_mode='rgb_array'"):
         RewardWrapper(embodied.make_env("reach"), tiny_reward)
+
+
+def test_wrapper_reads_the_camera_the_reward_was_fitted_on(tiny_reward):
+    from rewards.wrappers import RewardWrapper, frame_env_kwargs
+
+    side = ClipReward(tiny_reward.model, tiny_reward.text, tiny_reward.preprocess, image_size=64, camera="side")
+    env = embodied.make_env("pick", **frame_env_kwargs("side", 64))
+    wrapped = RewardWrapper(env, side)
+    wrapped.reset(seed=0)
+    obs, r, *_ = wrapped.step(np.zeros(4, np.float32))
+    assert r == pytest.approx(side(obs["image"][None], None, obs["instruction"]).reward[0], abs=1e-5)
+    env.close()
+    other = RewardWrapper(embodied.make_env("pick", obs_mode="state+pixels", cameras=["top"]), side)
+    other.reset(seed=0)
+    with pytest.raises(RewardInputError, match="reads the 'side' camera's images.*it has \\['top'\\]"):
+        other.step(np.zeros(4, np.float32))
 
 
 def test_sb3_batch_path_scores_each_step_on_its_own_frame(tiny_reward):

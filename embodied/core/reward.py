@@ -14,8 +14,8 @@ Shapes:
 A model says what it reads with ``inputs`` (a subset of ``{"frames", "states"}``) and the
 range its rewards lie in with ``reward_range`` (documented, so wrappers can normalise).
 A model fitted in-domain also says what it was fitted for: ``suite`` (it refuses another
-suite's tasks, ``check_suite``) and ``image_size`` (the side S of the square frames it reads:
-frames must then be (B, S, S, 3); None reads any size). ``states`` are a task's privileged
+suite's tasks, ``check_suite``), ``image_size`` (the side S of the square frames it reads:
+frames must then be (B, S, S, 3); None reads any size) and ``camera`` (which view). ``states`` are a task's privileged
 state (``env.unwrapped.privileged_state()``), what rollout banks record.
 """
 
@@ -57,6 +57,9 @@ class RewardModel(abc.ABC):
     suite: str | None = None
     #: side S of the square frames the model reads, (B, S, S, 3); None: any size
     image_size: int | None = None
+    #: the camera whose observation images the model reads (``obs["image"]`` of an env made
+    #: with ``cameras=[camera]``); None: the env's ``render()`` frames
+    camera: str | None = None
 
     def check_suite(self, suite: str) -> None:
         """Raise ``RewardMismatchError`` unless the model may score tasks of ``suite``."""

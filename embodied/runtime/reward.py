@@ -4,8 +4,9 @@ evaluation and throughput (``embodied reward fit | eval | bench``).
 A rollout bank is a set of episodes of a suite's tasks played by scripted experts, noisy
 experts, partial experts (the expert for part of its episode, then standing still or acting
 at random) and random actions, from a range of seeds and one instruction split. Every step
-keeps the rendered frame (``env.render()`` at ``render_size`` = the reward's frame side),
-the privileged state and the ground truth: success and the task's dense reward. Banks feed
+keeps the frame the reward reads (one camera's observation image, or ``env.render()``, at
+the reward's frame side), the privileged state and the ground truth: success and the task's
+dense reward. Banks feed
 both fitting (training seeds, training wordings) and evaluation (held-out seeds, held-out
 wordings); any ``RewardModel`` can be evaluated on one.
 
@@ -30,6 +31,7 @@ from embodied.core.registry import get_task, make_env, resolve_tasks
 from embodied.core.reward import RewardModel
 from embodied.runtime.evaluate import write_json
 from rewards.vlm.fit import FitSettings
+from rewards.wrappers import frame_env_kwargs, read_frame
 
 log = logging.getLogger("embodied.reward")
 BEHAVIOURS = ("expert", "noisy", "partial", "random")
@@ -121,7 +123,7 @@ def _policy_action(u: Any, behaviour: str, t: int, switch: int, tail: str, rng: 
 
 
 def play_bank_episode(env: Any, seed: int, behaviour: str, expert_len: int, cfg: BankConfig,
-                      rng: np.random.Generator, record: bool = True) -> dict[str, Any]:
+                      rng: np.random.Generator, record: bool = True, camera: str | None = None) -> dict[str, Any]:
     """One episode of ``behaviour`` from ``seed``; frames rendered when ``record``."""
     obs, info = env.reset(seed=seed)
     u = env.unwrapped
@@ -150,7 +152,7 @@ def play_bank_episode(env: Any, seed: int, behaviour: str, expert_len: int, cfg:
         else:
             end = bool(trunc or term) or t >= cap
         if record and (t % cfg.frame_stride == 0 or end or t == first):
-            rows["frames"].append(env.render())
+            rows["frames"].append(read_frame(env, obs, camera))
             rows["states"].append(u.privileged_state())
             rows["step"].append(t)
             rows["success"].append(ok)
@@ -163,8 +165,10 @@ def play_bank_episode(env: Any, seed: int, behaviour: str, expert_len: int, cfg:
             else None}
 
 
-def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progress: bool = True) -> RolloutBank:
-    """Play ``cfg.seeds`` seeds of every task with every behaviour; see ``RolloutBank``."""
+def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progress: bool = True,
+                 camera: str | None = None) -> RolloutBank:
+    """Play ``cfg.seeds`` seeds of every task with every behaviour; see ``RolloutBank``.
+    Frames are ``camera``'s observation images, or ``env.render()`` when it is None."""
     from tqdm import tqdm
 
     arrays: dict[str, list[np.ndarray]] = {k: [] for k in BANK_ARRAYS}
@@ -172,14 +176,15 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
     bar = tqdm(total=len(tasks) * cfg.seeds, desc="rollout bank", disable=not progress, unit="seed")
     t0 = time.perf_counter()
     for task in tasks:
-        env = make_env(task, instruction_split=cfg.split, render_mode="rgb_array", render_size=image_size)
+        env = make_env(task, instruction_split=cfg.split, **frame_env_kwargs(camera, image_size))
         try:
             for k in range(cfg.seeds):
                 seed = cfg.seed + k
                 rng = np.random.default_rng([seed, 7])
-                expert = play_bank_episode(env, seed, "expert", 0, cfg, rng, record="expert" in cfg.behaviours)
+                expert = play_bank_episode(env, seed, "expert", 0, cfg, rng, "expert" in cfg.behaviours, camera)
                 for b in cfg.behaviours:
-                    ep = expert if b == "expert" else play_bank_episode(env, seed, b, expert["length"], cfg, rng)
+                    ep = expert if b == "expert" else play_bank_episode(env, seed, b, expert["length"], cfg, rng,
+                                                                        True, camera)
                     rows = ep.pop("rows")
                     n = len(rows["step"])
                     arrays["frames"].append(np.asarray(rows["frames"], np.uint8).reshape(n, image_size, image_size, 3))
@@ -195,23 +200,23 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
     bar.close()
     cat = {k: np.concatenate(v) for k, v in arrays.items()}
     meta = {"tasks": list(tasks), "suites": sorted({get_task(t).suite for t in tasks}), "image_size": image_size,
-            "frames_from": "env.render()", "bank": asdict(cfg), "wall_time_s": time.perf_counter() - t0}
+            "camera": camera, "bank": asdict(cfg), "wall_time_s": time.perf_counter() - t0}
     log.info("rollout bank: %d episodes, %d frames (%.0f s)", len(episodes), len(cat["step"]), meta["wall_time_s"])
     return RolloutBank(**cat, episodes=episodes, meta=meta)
 
 
-def bank_for(tasks: Sequence[str], cfg: BankConfig, image_size: int, path: str, save: str,
+def bank_for(tasks: Sequence[str], cfg: BankConfig, image_size: int, camera: str | None, path: str, save: str,
              progress: bool) -> RolloutBank:
     """A saved bank (``path``) after checking it matches ``cfg``, else a freshly played one."""
     if path:
         bank = RolloutBank.load(path)
-        want = {"tasks": list(tasks), "image_size": image_size, "bank": asdict(cfg)}
+        want = {"tasks": list(tasks), "image_size": image_size, "camera": camera, "bank": asdict(cfg)}
         have = {k: bank.meta.get(k) for k in want}
         if have != want:
             diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
             raise ValueError(f"rollout bank {path!r} was played with other settings (have, want): {diff}")
         return bank
-    bank = collect_bank(tasks, cfg, image_size, progress)
+    bank = collect_bank(tasks, cfg, image_size, progress, camera)
     if save:
         bank.save(save)
         log.info("saved the rollout bank to %s", save)
@@ -233,7 +238,8 @@ class RewardFitConfig:
     suite: str = "manipulation"
     tasks: list[str] = field(default_factory=list)  # default: the suite's tasks
     bank: BankConfig = field(default_factory=BankConfig)  # training seeds, training wordings
-    image_size: int = 64  # frame side: the reward reads env.render() at render_size=image_size
+    image_size: int = 64  # frame side
+    camera: str = ""  # the camera whose observation images the reward reads ("": env.render(), the render camera)
     # open_clip architecture: a built-in name plus overrides of its config. The default is CLIP's
     # ResNet (open_clip's ModifiedResNet, as in RN50) shrunk for CPU speed: one bottleneck block
     # per stage, width 8, attention pooling, at 64x64. On these frames it learnt faster than a
@@ -244,7 +250,8 @@ class RewardFitConfig:
     center_text: bool = True  # remove the mean embedding of the training wordings (rewards.vlm.text.CenteredText)
     text: str = "auto"  # minilm (frozen all-MiniLM-L6-v2) | open_clip (the init checkpoint's own tower) | auto
     init: str = ""  # a local open_clip weights file of `arch` to fine-tune instead of starting from scratch
-    init_vision: dict[str, Any] = field(default_factory=dict)  # with init: overrides of its vision config
+    # with init: entries of the arch's open_clip config to replace (e.g. {vision_cfg: {image_size: 64}})
+    init_overrides: dict[str, Any] = field(default_factory=dict)
     fit: FitSettings = field(default_factory=FitSettings)  # optimisation (rewards.vlm.fit)
     out: str = ""  # checkpoint folder (default: RUN/reward)
     bank_path: str = ""  # reuse a saved bank (must match `bank`)
@@ -286,7 +293,7 @@ def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]]):
         ep_group[i] = keys[key]
     # progress: the dense reward, except that frames the goal holds in count as complete
     label = caption_label(bank.success, bank.gt_reward)
-    return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups)
+    return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups, bank.states)
 
 
 def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
@@ -305,7 +312,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     suite = suite_of(tasks)
     t0 = time.perf_counter()
     if cfg.init:
-        overrides = {"vision_cfg": dict(cfg.init_vision)} if cfg.init_vision else {}
+        overrides = dict(cfg.init_overrides)
         model, text_name = load_open_clip(cfg.arch, cfg.init, overrides), "open_clip"
     else:
         overrides = {"embed_dim": MINILM_DIM, "vision_cfg": dict(cfg.vision), "text_cfg": PLACEHOLDER_TEXT}
@@ -313,7 +320,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     text = MiniLMText() if text_name == "minilm" else OpenClipText(model, cfg.arch)
     size = image_size_of(model)
     pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
-    bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.bank_path, cfg.save_bank, cfg.progress)
+    bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress)
     data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks})
     center = None
     if cfg.center_text:
@@ -324,7 +331,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     folder = Path(cfg.out) if cfg.out else out / "reward"
     meta = {"suite": suite, "tasks": tasks, "arch": cfg.arch, "overrides": overrides, "text": text.describe(),
             "image_size": cfg.image_size, "tower_image_size": size, "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD),
-            "frames": {"from": "env.render()", "render_size": cfg.image_size},
+            "camera": cfg.camera or None,
             "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
             "fitted": {"seeds": [cfg.bank.seed, cfg.bank.seed + cfg.bank.seeds], "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
@@ -540,7 +547,7 @@ def run_reward_eval(cfg: RewardEvalConfig, out: Path, model: RewardModel | None 
                              f"the reward was fitted on [{lo}, {hi}): choose bank.seed >= {hi}")
     size = model.image_size or cfg.image_size
     t0 = time.perf_counter()
-    bank = bank_for(tasks, cfg.bank, size, cfg.bank_path, cfg.save_bank, cfg.progress)
+    bank = bank_for(tasks, cfg.bank, size, model.camera, cfg.bank_path, cfg.save_bank, cfg.progress)
     t1 = time.perf_counter()
     metrics, curves = evaluate_reward(model, bank, tasks, cfg.alphas, cfg.wordings, cfg.gamma, cfg.epic_pool)
     describe = getattr(model, "describe", None)
@@ -577,7 +584,7 @@ class RewardBenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-def _sb3_envs(task: str, n: int, size: int, seed: int, states: bool) -> Any:
+def _sb3_envs(task: str, n: int, size: int, seed: int, states: bool, camera: str | None) -> Any:
     """An SB3 DummyVecEnv of ``n`` copies of ``task`` whose steps carry frames in ``info``."""
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv
@@ -586,8 +593,8 @@ def _sb3_envs(task: str, n: int, size: int, seed: int, states: bool) -> Any:
 
     def make(k: int) -> Callable[[], Any]:
         def thunk() -> Any:
-            env = make_env(task, render_mode="rgb_array", render_size=size)
-            return gym.wrappers.FilterObservation(RewardInputs(env, states=states), ["state"])
+            env = make_env(task, **frame_env_kwargs(camera, size))
+            return gym.wrappers.FilterObservation(RewardInputs(env, states=states, camera=camera), ["state"])
         return thunk
 
     venv = DummyVecEnv([make(k) for k in range(n)])
@@ -609,7 +616,7 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
     model.check_suite(get_task(task).suite)
     size = model.image_size or cfg.image_size
     states_needed = "states" in model.inputs
-    venv = _sb3_envs(task, cfg.num_envs, size, cfg.seed, states_needed)
+    venv = _sb3_envs(task, cfg.num_envs, size, cfg.seed, states_needed, model.camera)
     rng = np.random.default_rng(cfg.seed)
     shape = (cfg.num_envs,) + venv.action_space.shape
     venv.reset()
@@ -621,7 +628,7 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
         instruction = infos[0]["instruction"]
     bank = np.concatenate(frames)
     reps = int(np.ceil(cfg.frames / len(bank)))
-    batch = int(getattr(model, "batch_size", 256))
+    batch = int(getattr(model, "batch_size", 64))
     scored = VecRewardWrapper(venv, model)
 
     def score_rate() -> float:

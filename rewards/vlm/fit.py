@@ -10,16 +10,22 @@ with ``progress`` the task's ground-truth dense reward in [0, 1] and ``success``
 predicate, so every success frame (>= 1/2) is labelled above every other frame of that goal
 (< 1/2), and frames that are further along rank higher. ``caption_label`` computes it.
 
-Loss (locked-text tuning: LiT's recipe with the roles swapped, the text side frozen, and
-SigLIP's pairwise sigmoid): for a frame x and K
-wordings w_1..w_K of its goal drawn at random, ``BCE(sigmoid(s cos(f(x), T(w_k)) + c), label)``
-with f the image tower being fitted, T the frozen text side, s > 0 and c learnt. The reward
+Loss (locked-text tuning -- LiT's recipe with the roles swapped: the text side is frozen --
+with SigLIP's pairwise sigmoid): for a frame x and K wordings w_1..w_K of its goal drawn at
+random, ``BCE(sigmoid(s cos(f(x), T(w_k)) + c), label)`` with f the image tower being
+fitted, T the frozen text side, s > 0 and c learnt. The reward
 at run time is cos(f(x), T(instruction)), which ranks frames as the fitted probability does;
 (s, c) are kept as the calibration of the ``holds`` term. Drawing wordings at random teaches
 the tower one image embedding that scores every paraphrase of the goal alike, which is what
 lets held-out wordings (never seen here) score well through the text side's own geometry.
 Frames are shifted by up to ``shift`` pixels (a random crop of a padded frame); colours
 are left alone (they name objects).
+
+Auxiliary state loss (``state_weight`` > 0): when the frames come with the simulator's
+privileged state, a linear head on the image embedding regresses the standardised state
+(object and robot positions, ...). A scalar label per frame says little about where things
+are; the state says it densely, and the tower learns to locate objects much sooner. The
+head is dropped after fitting: the reward reads frames only.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class CaptionedFrames:
         group: int (P,) caption group of each pair, an index into ``groups``.
         label: float32 (P,) in [0, 1], how far the group's goal holds in the frame.
         groups: the wordings of each group (one goal, several training wordings).
+        states: optional float32 (N, Ds), the privileged state of each frame (auxiliary loss).
     """
 
     frames: np.ndarray
@@ -74,6 +81,7 @@ class CaptionedFrames:
     group: np.ndarray
     label: np.ndarray
     groups: list[list[str]]
+    states: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = len(self.frame)
@@ -84,6 +92,8 @@ class CaptionedFrames:
             raise ValueError(f"frames must be uint8 (N, S, S, 3), got {self.frames.dtype} {self.frames.shape}")
         if any(not g for g in self.groups):
             raise ValueError("every caption group needs at least one wording")
+        if self.states is not None and (self.states.ndim != 2 or len(self.states) != len(self.frames)):
+            raise ValueError(f"states must be (N, Ds) with N = {len(self.frames)} frames, got {self.states.shape}")
 
 
 @dataclass
@@ -98,6 +108,7 @@ class FitSettings:
     wordings_per_frame: int = 4
     pos_fraction: float = 0.25  # share of each batch drawn from pairs whose goal holds (label >= 1/2)
     shift: int = 3  # augmentation: random translation in pixels
+    state_weight: float = 1.0  # weight of the auxiliary state regression (0: none)
     seed: int = 0
     log_every: int = 200
 
@@ -107,8 +118,17 @@ class FitSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.pos_fraction <= 1.0:
             raise ValueError(f"pos_fraction must be in [0, 1], got {self.pos_fraction}")
-        if self.lr <= 0 or self.shift < 0 or self.warmup < 0:
-            raise ValueError(f"lr must be > 0 and shift, warmup >= 0; got {self.lr}, {self.shift}, {self.warmup}")
+        if self.lr <= 0 or self.shift < 0 or self.warmup < 0 or self.state_weight < 0:
+            raise ValueError(f"lr must be > 0 and shift, warmup, state_weight >= 0; got {self.lr}, {self.shift}, "
+                             f"{self.warmup}, {self.state_weight}")
+
+
+def standardized_states(states: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """(z-scored states (N, K), indices of the K dims kept): dims that barely vary are dropped."""
+    std = states.std(0)
+    keep = np.flatnonzero(std > 1e-4)
+    z = (states[:, keep] - states[:, keep].mean(0)) / std[keep]
+    return torch.from_numpy(z.astype(np.float32)), keep
 
 
 def random_shift(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
@@ -140,15 +160,21 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
 
     for p in model.parameters():
         p.requires_grad_(False)
-    visual = model.visual
+    visual = model.visual.to(memory_format=torch.channels_last)  # the layout ImagePreprocess gives
     for p in visual.parameters():
         p.requires_grad_(True)
     # calibration: cos 0 starts at the mean label; it learns faster than the tower (10x the lr)
     mean = float(np.clip(data.label.mean(), 0.01, 0.99))
     log_scale = torch.nn.Parameter(torch.tensor(math.log(10.0)))
     bias = torch.nn.Parameter(torch.tensor(math.log(mean / (1 - mean))))
-    decay = [p for p in visual.parameters() if p.ndim >= 2]
-    no_decay = [p for p in visual.parameters() if p.ndim < 2]
+    head, targets = None, None
+    if s.state_weight > 0 and data.states is not None:
+        targets, _ = standardized_states(data.states)
+        with torch.no_grad():
+            dim = model.encode_image(preprocess(data.frames[:1])).shape[-1]
+        head = torch.nn.Linear(dim, targets.shape[1])
+    decay = [p for p in visual.parameters() if p.ndim >= 2] + ([head.weight] if head is not None else [])
+    no_decay = [p for p in visual.parameters() if p.ndim < 2] + ([head.bias] if head is not None else [])
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay, "lr_scale": 1.0},
                              {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
                              {"params": [log_scale, bias], "weight_decay": 0.0, "lr_scale": 10.0}], lr=s.lr)
@@ -159,7 +185,7 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         t = (step - s.warmup) / max(1, s.steps - s.warmup)
         return s.lr * 0.5 * (1.0 + math.cos(math.pi * t))
 
-    history, running, t0 = [], 0.0, time.perf_counter()
+    history, running, running_state, t0 = [], 0.0, 0.0, time.perf_counter()
     visual.train()
     for step in range(s.steps):
         for gr in opt.param_groups:
@@ -168,23 +194,30 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         g = data.group[idx]
         w = starts[g][:, None] + (rng.random((len(idx), s.wordings_per_frame)) * sizes[g][:, None]).astype(int)
         x = random_shift(preprocess(data.frames[data.frame[idx]]), s.shift, gen)
-        z = F.normalize(model.encode_image(x), dim=-1)
+        emb = model.encode_image(x)
+        z = F.normalize(emb, dim=-1)
         cos = torch.einsum("bd,bkd->bk", z, table[torch.from_numpy(w)])
         y = torch.from_numpy(data.label[idx])[:, None].expand_as(cos)
-        loss = F.binary_cross_entropy_with_logits(log_scale.exp() * cos + bias, y)
+        caption_loss = F.binary_cross_entropy_with_logits(log_scale.exp() * cos + bias, y)
+        loss = caption_loss
+        if head is not None:
+            state_loss = F.mse_loss(head(emb), targets[torch.from_numpy(data.frame[idx])])
+            loss = loss + s.state_weight * state_loss
+            running_state += float(state_loss.detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(visual.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups[:2] for p in g["params"]], 1.0)
         opt.step()
-        running += float(loss.detach())
+        running += float(caption_loss.detach())
         if (step + 1) % s.log_every == 0 or step + 1 == s.steps:
             n = (step % s.log_every) + 1
-            history.append({"step": step + 1, "loss": running / n, "wall_s": time.perf_counter() - t0})
-            log.info("fit step %d/%d  loss %.4f  scale %.1f  bias %.2f", step + 1, s.steps, running / n,
-                     log_scale.exp().item(), bias.item())
+            history.append({"step": step + 1, "loss": running / n, "state_loss": running_state / n,
+                            "wall_s": time.perf_counter() - t0})
+            log.info("fit step %d/%d  caption loss %.4f  state loss %.3f  scale %.1f  bias %.2f", step + 1, s.steps,
+                     running / n, running_state / n, log_scale.exp().item(), bias.item())
             if progress is not None:
                 progress(step + 1, running / n)
-            running = 0.0
+            running = running_state = 0.0
     visual.eval()
     for p in model.parameters():
         p.requires_grad_(False)

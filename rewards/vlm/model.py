@@ -72,10 +72,11 @@ class ImagePreprocess:
         self.shift = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) / std_t
 
     def __call__(self, frames: np.ndarray | torch.Tensor) -> torch.Tensor:
-        x = torch.as_tensor(frames).permute(0, 3, 1, 2).float()
+        # (B, H, W, 3) viewed as (B, 3, H, W) is channels-last memory, which conv towers prefer
+        x = torch.as_tensor(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
         if x.shape[-2:] != (self.size, self.size):
             x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False)
-        return x * self.scale - self.shift
+        return x.mul_(self.scale).sub_(self.shift)
 
 
 class ClipReward(RewardModel):
@@ -91,7 +92,7 @@ class ClipReward(RewardModel):
         negative_weight: weight of the ``negative`` term.
         smoothing: frames averaged by the wrappers and the evaluation (1: none).
         batch_size: frames per forward pass of the image tower.
-        suite, image_size: what the model was fitted for (see ``RewardModel``).
+        suite, image_size, camera: what the model was fitted for (see ``RewardModel``).
         calibration: (s, c) of the ``holds`` term, for a model fitted in-domain.
         meta: the checkpoint's record (``describe`` returns it).
     """
@@ -100,8 +101,8 @@ class ClipReward(RewardModel):
 
     def __init__(self, model: torch.nn.Module, text: Any, preprocess: ImagePreprocess, *, alpha: float = 0.0,
                  baselines: Sequence[str] = (), negatives: Sequence[str] = (), negative_weight: float = 1.0,
-                 smoothing: int = 1, batch_size: int = 256, suite: str | None = None,
-                 image_size: int | None = None, calibration: tuple[float, float] | None = None,
+                 smoothing: int = 1, batch_size: int = 64, suite: str | None = None,
+                 image_size: int | None = None, camera: str | None = None, calibration: tuple[float, float] | None = None,
                  meta: dict[str, Any] | None = None, cache_text: bool = True):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
@@ -115,9 +116,10 @@ class ClipReward(RewardModel):
             if any(not isinstance(p, str) or not p.strip() for p in prompts):
                 raise ValueError(f"{what} must be non-empty strings, got {list(prompts)}")
         self.model, self.text, self.preprocess = model.eval(), text, preprocess
+        self.model.visual.to(memory_format=torch.channels_last)  # the layout frames arrive in
         self.alpha, self.baselines, self.negatives = float(alpha), list(baselines), list(negatives)
         self.negative_weight, self.smoothing, self.batch_size = float(negative_weight), int(smoothing), int(batch_size)
-        self.suite, self.image_size, self.calibration = suite, image_size, calibration
+        self.suite, self.image_size, self.camera, self.calibration = suite, image_size, camera or None, calibration
         self.meta = dict(meta or {})
         self.cache_text = cache_text
         self._text_cache: dict[str, torch.Tensor] = {}
@@ -133,7 +135,7 @@ class ClipReward(RewardModel):
             raise ValueError(f"with_options: unknown option(s) {bad}; allowed: {list(names)}")
         kw = {n: changes.get(n, getattr(self, n)) for n in names}
         other = ClipReward(self.model, self.text, self.preprocess, suite=self.suite, image_size=self.image_size,
-                           calibration=self.calibration, meta=self.meta, cache_text=self.cache_text, **kw)
+                           camera=self.camera, calibration=self.calibration, meta=self.meta, cache_text=self.cache_text, **kw)
         other._text_cache = self._text_cache
         return other
 
@@ -194,7 +196,7 @@ class ClipReward(RewardModel):
         """What the evaluation records about this reward."""
         return {"name": "clip", "alpha": self.alpha, "baselines": self.baselines, "negatives": self.negatives,
                 "negative_weight": self.negative_weight, "smoothing": self.smoothing, "suite": self.suite,
-                "image_size": self.image_size, "text": self.text.describe(),
+                "image_size": self.image_size, "camera": self.camera, "text": self.text.describe(),
                 **{k: self.meta[k] for k in ("arch", "checkpoint", "fitted") if k in self.meta}}
 
 
@@ -212,12 +214,13 @@ class ClipRewardConfig:
     checkpoint: str = ""
     arch: str = ""
     arch_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # open_clip config entries
+    camera: str = ""  # for a weights file: read this camera's observation images ("": env.render())
     alpha: float = 0.0
-    baselines: list[str] = dataclasses.field(default_factory=list)
+    baselines: list[str] = dataclasses.field(default_factory=lambda: ["a robot and the objects around it"])
     negatives: list[str] = dataclasses.field(default_factory=list)
     negative_weight: float = 1.0
     smoothing: int = 1
-    batch_size: int = 256
+    batch_size: int = 64  # frames per forward pass (mid-sized batches run fastest on a CPU core)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -251,13 +254,16 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
                    negative_weight=cfg.negative_weight, smoothing=cfg.smoothing, batch_size=cfg.batch_size)
     if is_reward_checkpoint(path):
         meta, model = read_reward_checkpoint(path)
+        if cfg.camera and cfg.camera != (meta.get("camera") or ""):
+            raise ValueError(f"reward.camera={cfg.camera!r}, but {cfg.checkpoint!r} was fitted on "
+                             f"{meta.get('camera') or 'env.render()'} frames; leave reward.camera empty")
         text = MiniLMText() if meta["text"]["name"] == "minilm" else OpenClipText(model, meta["arch"])
         if meta.get("text_center") is not None:
             text = CenteredText(text, torch.tensor(meta["text_center"]))
         size = int(meta["image_size"])  # the frames it reads; the tower may take another size
         pre = ImagePreprocess(image_size_of(model), meta.get("mean", OPENAI_MEAN), meta.get("std", OPENAI_STD))
         cal = meta.get("calibration")
-        return ClipReward(model, text, pre, suite=meta["suite"], image_size=size,
+        return ClipReward(model, text, pre, suite=meta["suite"], image_size=size, camera=meta.get("camera"),
                           calibration=(float(cal[0]), float(cal[1])) if cal else None,
                           meta={**meta, "checkpoint": str(path)}, **options)
     if path.is_dir():
@@ -274,7 +280,7 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
 
     pre_cfg = open_clip.get_model_preprocess_cfg(model)
     pre = ImagePreprocess(image_size_of(model), pre_cfg.get("mean", OPENAI_MEAN), pre_cfg.get("std", OPENAI_STD))
-    return ClipReward(model, OpenClipText(model, cfg.arch), pre,
+    return ClipReward(model, OpenClipText(model, cfg.arch), pre, camera=cfg.camera or None,
                       meta={"arch": cfg.arch, "checkpoint": str(path)}, **options)
 
 

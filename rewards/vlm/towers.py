@@ -60,14 +60,17 @@ def check_arch(arch: str) -> dict[str, Any]:
     return cfg
 
 
-class _NoRandomInitNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:  # random init is what is asked for here
-        return "No pretrained weights loaded" not in record.getMessage()
+class _OpenClipNotices(logging.Filter):
+    """open_clip narrates model creation on the root logger (and warns of the random init that
+    is asked for here); the reward's own log says what was built."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open_clip" not in record.pathname
 
 
 @contextlib.contextmanager
-def _quiet_random_init():
-    f = _NoRandomInitNotice()
+def _quiet_open_clip():
+    f = _OpenClipNotices()
     logging.getLogger().addFilter(f)
     try:
         yield
@@ -92,7 +95,7 @@ def build_open_clip(arch: str, overrides: dict[str, Any] | None = None) -> torch
     vision = kwargs.get("vision_cfg", cfg.get("vision_cfg", {}))
     if vision.get("timm_model_pretrained"):
         raise ValueError(f"reward arch {arch!r}: timm_model_pretrained would download weights; set it false")
-    with _quiet_random_init():
+    with _quiet_open_clip():
         return open_clip.create_model(arch, pretrained=None, pretrained_image=False, pretrained_text=False,
                                       device="cpu", **kwargs)
 
@@ -108,7 +111,8 @@ def load_open_clip(arch: str, path: str | Path, overrides: dict[str, Any] | None
                                 "reward folder written by `embodied reward fit`")
     model = build_open_clip(arch, overrides)
     try:
-        open_clip.load_checkpoint(model, str(p), strict=True, weights_only=True)
+        with _quiet_open_clip():
+            open_clip.load_checkpoint(model, str(p), strict=True, weights_only=True)
     except (RuntimeError, KeyError, ValueError, AssertionError) as e:  # open_clip asserts on some mismatches
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise RewardCheckpointError(f"reward checkpoint {str(path)!r} does not fit open_clip arch {arch!r}: "
