@@ -87,6 +87,8 @@ class EvalConfig:
             raise ValueError(f"checkpoints must be checkpoint paths, got an empty one in {self.checkpoints}")
         if (name == "remote") != bool(self.url):
             raise ValueError(f"policy=remote and url=ws://HOST:PORT go together; got policy={name!r}, url={self.url!r}")
+        if self.api_key and name != "remote":
+            raise ValueError(f"api_key has no effect with policy={name!r}: it is sent to the server of policy=remote url=...")
         if name == "remote" and (self.checkpoint or self.checkpoints):
             raise ValueError("policy=remote evaluates the server at url=...: do not also give checkpoint(s)")
         trained = bool(self.checkpoint or self.checkpoints)
