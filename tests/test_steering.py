@@ -379,3 +379,21 @@ def test_steer_command_refuses_the_mlp_floor_and_bad_settings(tmp_path):
     r = embodied("steer", f"checkpoint={ckpt}", "task=reach", "compare=[raw_ppo]", f"hydra.run.dir={tmp_path}/s",
                  cwd=tmp_path, check=False)
     assert r.returncode == 2 and "raw_ppo" in r.stderr and "raw_sac" in r.stderr
+
+
+def test_initial_noise_is_the_base_policys_and_the_learner_sees_the_offset_reward():
+    from policies.steering.sb3 import OffsetReward
+
+    p = tiny()
+    sp = space(p, bound=1.5)
+    box = sp.box()
+    box.seed(0)
+    draws = np.stack([box.sample() for _ in range(2000)])
+    assert np.abs(draws).max() <= 1.5
+    # N(0, I) clipped: P(|w| > 1.5) = 13.4% of the values sit on the bound (uniform noise: none)
+    assert abs(np.mean(np.abs(draws) == 1.5) - 0.134) < 0.01
+    vec = OffsetReward(NoiseVecEnv([lambda: ToyEnv(max_steps=6)] * 2, p, sp, reward="dense"), 1.0)
+    vec.seed(0)
+    vec.reset()
+    _, r, _, infos = vec.step(np.zeros((2, sp.dim), np.float32))
+    assert np.allclose(r, [i["reward_terms"]["near"] - 1.0 for i in infos], atol=1e-5)

@@ -325,21 +325,27 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
 
 
 def plot_curves(path: Path, metrics: dict[str, Any]) -> Path:
-    """Success (training wordings, held-out seeds) vs env steps of every method of a run."""
+    """Success (training wordings, held-out seeds) vs env steps of every method of a run; a star
+    marks each method's final evaluation (``final_episodes``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    series = [(metrics["method"], metrics["curve"])] + [(k, v["curve"]) for k, v in metrics["compare"].items()]
-    for name, curve in series:
+    series = [(metrics["method"], metrics["curve"], metrics["success_after"], metrics["env_steps"])]
+    series += [(k, v["curve"], v["success_after"], v["env_steps"]) for k, v in metrics["compare"].items()]
+    for name, curve, after, steps in series:
         pts = [(p["env_steps"], p["success"]) for p in curve if p.get("success") is not None]
-        ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=name, lw=2 if name == metrics["method"] else 1)
+        line = ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=name,
+                       lw=2 if name == metrics["method"] else 1)[0]
+        if after is not None:  # the larger before/after evaluation
+            ax.plot([steps], [after], "*", ms=12, color=line.get_color())
     if metrics.get("success_before") is not None:
         ax.axhline(metrics["success_before"], color="grey", ls="--", lw=1, label="base policy")
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("success (held-out seeds)")
+    ax.set_ylabel(f"success, held-out seeds (curve: {metrics['curve'][0]['episodes']} episodes; "
+                  f"star: {metrics['final_episodes']})", fontsize=8)
     ax.set_ylim(-0.03, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")

@@ -64,7 +64,7 @@ class SteerConfig:
     noise: str = "full"
     noise_steps: int = 0
     bound: float = 1.5
-    net_arch: tuple[int, ...] = (256, 256, 256)
+    net_arch: tuple[int, ...] = (256, 256)
     utd: int = 4
     batch_size: int = 256
     learning_rate: float = 3e-4
