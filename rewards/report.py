@@ -137,9 +137,8 @@ def write_reward_report(out: Path, metrics: Mapping[str, Any], bank: Any, curves
     b = metrics.get("bank", {})
     lines = [f"# Reward quality: {metrics.get('suite', '')}", "",
              f"Reward: `{metrics.get('reward')}`", "",
-             f"Rollout bank: {b.get('episodes')} episodes, {b.get('frames')} frames; seeds "
-             f"[{b.get('seed')}, {b.get('seed', 0) + b.get('seeds', 0)}), {b.get('split')} wordings, behaviours "
-             f"{b.get('behaviours')}.", "",
+             f"Rollout bank: {b.get('episodes')} episodes, {b.get('frames')} frames; {b.get('seeds')} seeds per "
+             f"task from {b.get('seed')}, {b.get('split')} wordings, behaviours {b.get('behaviours')}.", "",
              "| task | AUROC | VOC (min) | return Spearman | EPIC | frames (success) | GT dense AUROC | GT VOC |",
              "|---|---|---|---|---|---|---|---|"]
     for t, p in per.items():

@@ -113,6 +113,25 @@ def test_epic_matches_its_definition_and_invariances():
     assert 0.3 < quality.epic_distance(reward, other, s, s2, p, gamma) < 0.9
 
 
+def test_bank_plays_a_new_scene_per_episode_and_labels_every_frame():
+    from embodied.runtime.reward import BankConfig, collect_bank, seed_range
+
+    cfg = BankConfig(seeds=2, seed=10, behaviours=["expert", "partial"], hold_steps=2, frame_stride=2)
+    bank = collect_bank(["reach", "press-button"], cfg, 32, progress=False)
+    seeds = {t: sorted({e["seed"] for e in bank.episodes if e["task"] == t}) for t in ("reach", "press-button")}
+    assert seeds == {"reach": [10, 12], "press-button": [11, 13]} and seed_range(cfg, 2) == (10, 14)
+    assert bank.frames.shape[1:] == (32, 32, 3) and len(bank.frames) == len(bank.states) == len(bank.success)
+    for i, e in enumerate(bank.episodes):
+        rows = np.flatnonzero(bank.episode == i)
+        steps = bank.step[rows]
+        assert np.all(np.diff(steps) > 0)
+        if e["behaviour"] == "expert":  # experts succeed, and the frames after the first success are "post"
+            assert e["success"] and bank.success[rows].any()
+            first = steps[np.argmax(bank.success[rows])]
+            assert first == e["length"] and np.array_equal(bank.post[rows], steps > first)
+            assert steps[-1] == first + cfg.hold_steps
+
+
 # -------------------------------------------------------------------------------- math
 def test_projection_reward_against_the_matrix_formula():
     rng = np.random.default_rng(1)
@@ -219,7 +238,7 @@ def test_missing_and_damaged_checkpoints(tmp_path, fitted):
 def test_fitted_checkpoint_records_its_suite_and_refuses_another(fitted):
     meta = json.loads((fitted / "reward.json").read_text())
     assert meta["suite"] == "manipulation" and meta["fitted"]["split"] == "train"
-    assert meta["fitted"]["seeds"] == [0, 2]
+    assert meta["fitted"]["seeds"] == [0, 4]  # two seeds for each of the two tasks
     model = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted)))
     assert model.suite == "manipulation" and model.image_size == 64
     model.check_suite("manipulation")
@@ -363,7 +382,7 @@ def test_reward_command_errors(tmp_path, fitted):
     assert r.returncode == 2 and "fitted for suite 'manipulation', not 'navigation'" in r.stderr
     r = embodied_cli("reward", "eval", "tasks=[reach]", f"reward.checkpoint={fitted}", "bank.seeds=3", "bank.seed=1",
                      f"hydra.run.dir={tmp_path / 'e2'}", cwd=tmp_path, check=False)
-    assert r.returncode == 2 and "overlap the seeds the reward was fitted on [0, 2)" in r.stderr
+    assert r.returncode == 2 and "overlap the seeds the reward was fitted on [0, 4)" in r.stderr
     r = embodied_cli("reward", "eval", "tasks=[reach]", f"reward.checkpoint={tmp_path / 'missing'}",
                      f"hydra.run.dir={tmp_path / 'e3'}", cwd=tmp_path, check=False)
     assert r.returncode == 2 and "does not exist" in r.stderr

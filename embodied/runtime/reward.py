@@ -44,7 +44,7 @@ class BankConfig:
     """Which episodes a rollout bank holds (the ``bank`` part of fit and eval configs)."""
 
     seeds: int = 30  # seeds per task; every behaviour plays each seed once
-    seed: int = 0  # first seed
+    seed: int = 0  # first seed: task i of T plays seeds seed + i, seed + i + T, ... (see seed_range)
     split: str = "train"  # instruction split of the episodes: train | heldout
     behaviours: list[str] = field(default_factory=lambda: list(BEHAVIOURS))
     noise: float = 0.4  # std of the Gaussian added to the noisy expert's actions
@@ -64,6 +64,13 @@ class BankConfig:
         if self.noise < 0 or self.hold_steps < 0 or self.frame_stride < 1:
             raise ValueError(f"bank.noise and bank.hold_steps must be >= 0 and bank.frame_stride >= 1, got "
                              f"{self.noise}, {self.hold_steps}, {self.frame_stride}")
+
+
+def seed_range(cfg: BankConfig, n_tasks: int) -> tuple[int, int]:
+    """[lo, hi) of the seeds a bank of ``n_tasks`` tasks plays. Each task plays its own seeds
+    (interleaved), so that every episode of the bank starts from a different scene: the
+    suites' tasks share one scene distribution, and the same seed would repeat a scene."""
+    return cfg.seed, cfg.seed + cfg.seeds * n_tasks
 
 
 @dataclass
@@ -175,11 +182,11 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
     episodes: list[dict[str, Any]] = []
     bar = tqdm(total=len(tasks) * cfg.seeds, desc="rollout bank", disable=not progress, unit="seed")
     t0 = time.perf_counter()
-    for task in tasks:
+    for i, task in enumerate(tasks):
         env = make_env(task, instruction_split=cfg.split, **frame_env_kwargs(camera, image_size))
         try:
             for k in range(cfg.seeds):
-                seed = cfg.seed + k
+                seed = cfg.seed + k * len(tasks) + i
                 rng = np.random.default_rng([seed, 7])
                 expert = play_bank_episode(env, seed, "expert", 0, cfg, rng, "expert" in cfg.behaviours, camera)
                 for b in cfg.behaviours:
@@ -333,7 +340,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
             "image_size": cfg.image_size, "tower_image_size": size, "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD),
             "camera": cfg.camera or None,
             "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
-            "fitted": {"seeds": [cfg.bank.seed, cfg.bank.seed + cfg.bank.seeds], "split": "train",
+            "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
                        "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
                        "wordings": record["wordings"]}}
@@ -542,9 +549,10 @@ def run_reward_eval(cfg: RewardEvalConfig, out: Path, model: RewardModel | None 
     fitted = getattr(model, "meta", {}).get("fitted") or {}
     if fitted.get("seeds"):
         lo, hi = fitted["seeds"]
-        if cfg.bank.seed < hi and lo < cfg.bank.seed + cfg.bank.seeds:
-            raise ValueError(f"evaluation seeds [{cfg.bank.seed}, {cfg.bank.seed + cfg.bank.seeds}) overlap the seeds "
-                             f"the reward was fitted on [{lo}, {hi}): choose bank.seed >= {hi}")
+        elo, ehi = seed_range(cfg.bank, len(tasks))
+        if elo < hi and lo < ehi:
+            raise ValueError(f"evaluation seeds [{elo}, {ehi}) overlap the seeds the reward was fitted on "
+                             f"[{lo}, {hi}): choose bank.seed >= {hi}")
     size = model.image_size or cfg.image_size
     t0 = time.perf_counter()
     bank = bank_for(tasks, cfg.bank, size, model.camera, cfg.bank_path, cfg.save_bank, cfg.progress)

@@ -57,8 +57,11 @@ class OpenClipText:
     def __init__(self, model: torch.nn.Module, arch: str):
         import open_clip
 
+        from rewards.vlm.towers import quiet_open_clip
+
         self.model, self.arch = model, arch
-        self.tokenizer = open_clip.get_tokenizer(arch)
+        with quiet_open_clip():
+            self.tokenizer = open_clip.get_tokenizer(arch)
         self.dim = int(model.text_projection.shape[-1]) if getattr(model, "text_projection", None) is not None \
             else int(open_clip.get_model_config(arch)["embed_dim"])
 

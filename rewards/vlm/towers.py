@@ -69,7 +69,7 @@ class _OpenClipNotices(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_open_clip():
+def quiet_open_clip():
     f = _OpenClipNotices()
     logging.getLogger().addFilter(f)
     try:
@@ -95,7 +95,7 @@ def build_open_clip(arch: str, overrides: dict[str, Any] | None = None) -> torch
     vision = kwargs.get("vision_cfg", cfg.get("vision_cfg", {}))
     if vision.get("timm_model_pretrained"):
         raise ValueError(f"reward arch {arch!r}: timm_model_pretrained would download weights; set it false")
-    with _quiet_open_clip():
+    with quiet_open_clip():
         return open_clip.create_model(arch, pretrained=None, pretrained_image=False, pretrained_text=False,
                                       device="cpu", **kwargs)
 
@@ -111,7 +111,7 @@ def load_open_clip(arch: str, path: str | Path, overrides: dict[str, Any] | None
                                 "reward folder written by `embodied reward fit`")
     model = build_open_clip(arch, overrides)
     try:
-        with _quiet_open_clip():
+        with quiet_open_clip():
             open_clip.load_checkpoint(model, str(p), strict=True, weights_only=True)
     except (RuntimeError, KeyError, ValueError, AssertionError) as e:  # open_clip asserts on some mismatches
         first = (str(e).splitlines() or [type(e).__name__])[0]
