@@ -132,6 +132,43 @@ def test_bank_plays_a_new_scene_per_episode_and_labels_every_frame():
             assert steps[-1] == first + cfg.hold_steps
 
 
+# ----------------------------------------------------------------------------- fitting
+def test_ranking_loss_asks_the_frame_further_along_to_score_higher():
+    from rewards.vlm.fit import ranking_loss
+
+    dy = torch.tensor([0.3, -0.3, 0.01])  # a ahead of b, b ahead of a, a tie within the margin
+    right, wrong = torch.tensor([2.0, -2.0, 5.0]), torch.tensor([-2.0, 2.0, -5.0])
+    zero = torch.zeros(3)
+    good, bad = ranking_loss(right, zero, dy, 0.02), ranking_loss(wrong, zero, dy, 0.02)
+    flat = float(ranking_loss(zero, zero, dy, 0.02))
+    assert float(good) < flat < float(bad) and flat == pytest.approx(np.log(2))
+    # the tie is left out: its logits do not change the loss
+    assert float(ranking_loss(torch.tensor([2.0, -2.0, -50.0]), zero, dy, 0.02)) == pytest.approx(float(good))
+    assert ranking_loss(right, zero, torch.tensor([0.01, -0.01, 0.0]), 0.02) is None
+    # gradient descent raises the frame that is ahead and lowers the one behind
+    a = torch.zeros(3, requires_grad=True)
+    ranking_loss(a, zero, dy, 0.02).backward()
+    assert a.grad[0] < 0 < a.grad[1] and a.grad[2] == 0
+
+
+def test_ranking_partners_come_from_the_same_episode():
+    from rewards.vlm.fit import CaptionedFrames, EpisodePartners
+
+    episode = np.repeat([0, 1, 2], [4, 1, 5])
+    n = len(episode)
+    label = np.linspace(0, 1, n, dtype=np.float32)
+    data = CaptionedFrames(np.zeros((n, 8, 8, 3), np.uint8), np.arange(n), episode, label, [["a"], ["b"], ["c"]],
+                           episode=episode)
+    partners, rng = EpisodePartners(data), np.random.default_rng(0)
+    idx = rng.integers(0, n, 500)
+    drawn = partners.draw(idx, rng)
+    assert np.array_equal(episode[data.frame[drawn]], episode[data.frame[idx]])
+    assert set(drawn[episode[idx] == 2]) == set(np.flatnonzero(episode == 2))  # every frame of the episode
+    with pytest.raises(ValueError, match="consecutive rows"):
+        CaptionedFrames(data.frames, data.frame, data.group, data.label, data.groups,
+                        episode=np.array([0, 0, 1, 1, 0, 2, 2, 2, 2, 2]))
+
+
 # -------------------------------------------------------------------------------- math
 def test_projection_reward_against_the_matrix_formula():
     rng = np.random.default_rng(1)
@@ -233,6 +270,13 @@ def test_missing_and_damaged_checkpoints(tmp_path, fitted):
         load_clip_reward(ClipRewardConfig(checkpoint=str(weights)))
     with pytest.raises(ValueError, match="schema names"):
         load_clip_reward(ClipRewardConfig(checkpoint=str(weights), arch="hf-hub:someone/model"))
+
+
+def test_fitted_checkpoint_records_the_wordings_it_was_fitted_on(fitted):
+    wordings = json.loads((fitted / "reward.json").read_text())["fitted"]["train_wordings"]
+    reach = embodied.get_task("reach")
+    filled = lambda templates: {t.format(color=c) for t in templates for c in ("red", "green", "blue")}  # noqa: E731
+    assert filled(reach.train_instructions) & set(wordings) and not filled(reach.heldout_instructions) & set(wordings)
 
 
 def test_fitted_checkpoint_records_its_suite_and_refuses_another(fitted):
@@ -351,6 +395,8 @@ def test_reward_commands_smoke(tmp_path, fitted):
                  f"hydra.run.dir={run}", cwd=tmp_path)
     m = json.loads((run / "metrics.json").read_text())
     assert m["suite"] == "manipulation" and (run / "reward/model.safetensors").is_file()
+    # the suite's choices (configs/reward_fit_suite/manipulation.yaml): the side camera
+    assert json.loads((run / "reward/reward.json").read_text())["camera"] == "side"
 
     ev = tmp_path / "eval"
     embodied_cli("reward", "eval", "tasks=[reach]", f"reward.checkpoint={run / 'reward'}", "bank.seeds=2",

@@ -244,9 +244,12 @@ class RewardFitConfig:
 
     suite: str = "manipulation"
     tasks: list[str] = field(default_factory=list)  # default: the suite's tasks
-    bank: BankConfig = field(default_factory=BankConfig)  # training seeds, training wordings
+    # training seeds, training wordings: 100 seeds per task, every other frame
+    bank: BankConfig = field(default_factory=lambda: BankConfig(seeds=100, frame_stride=2))
     image_size: int = 64  # frame side
-    camera: str = ""  # the camera whose observation images the reward reads ("": env.render(), the render camera)
+    # the camera whose observation images the reward reads ("": env.render(), the render camera);
+    # `embodied reward fit` takes a suite's choice from configs/reward_fit_suite/<suite>.yaml
+    camera: str = ""
     # open_clip architecture: a built-in name plus overrides of its config. The default is CLIP's
     # ResNet (open_clip's ModifiedResNet, as in RN50) shrunk for CPU speed: one bottleneck block
     # per stage, width 8, attention pooling, at 64x64. On these frames it learnt faster than a
@@ -300,7 +303,8 @@ def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]]):
         ep_group[i] = keys[key]
     # progress: the dense reward, except that frames the goal holds in count as complete
     label = caption_label(bank.success, bank.gt_reward)
-    return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups, bank.states)
+    return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups, bank.states,
+                           bank.episode)
 
 
 def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
@@ -343,7 +347,9 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
             "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
                        "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
-                       "wordings": record["wordings"]}}
+                       "wordings": record["wordings"],
+                       # every training wording, filled with the episodes' parameters (the goals it was fitted on)
+                       "train_wordings": sorted({w for g in data.groups for w in g})}}
     save_reward_checkpoint(folder, model, meta)
     metrics = {"suite": suite, "tasks": tasks, "checkpoint": str(folder), "frames": int(len(bank.step)),
                "episodes": len(bank.episodes), "bank_time_s": bank.meta.get("wall_time_s"),
@@ -559,7 +565,8 @@ def run_reward_eval(cfg: RewardEvalConfig, out: Path, model: RewardModel | None 
     t1 = time.perf_counter()
     metrics, curves = evaluate_reward(model, bank, tasks, cfg.alphas, cfg.wordings, cfg.gamma, cfg.epic_pool)
     describe = getattr(model, "describe", None)
-    metrics.update({"suite": suite, "tasks": tasks, "reward": describe() if callable(describe) else type(model).__name__,
+    metrics.update({"suite": suite, "tasks": tasks,
+                    "reward": describe() if callable(describe) else type(model).__name__,
                     "bank": {"episodes": len(bank.episodes), "frames": int(len(bank.step)), **asdict(cfg.bank)},
                     "bank_time_s": t1 - t0, "score_time_s": time.perf_counter() - t1,
                     "wall_time_s": time.perf_counter() - t0})

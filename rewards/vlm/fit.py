@@ -26,6 +26,12 @@ privileged state, a linear head on the image embedding regresses the standardise
 (object and robot positions, ...). A scalar label per frame says little about where things
 are; the state says it densely, and the tower learns to locate objects much sooner. The
 head is dropped after fitting: the reward reads frames only.
+
+Ranking loss (``rank_weight`` > 0): half of each batch are partners, frames of the same
+episodes as the other half; for each pair whose labels differ by more than ``rank_margin``,
+a logistic (Bradley-Terry) loss on ``s (cos_a - cos_b)`` asks the frame further along to
+score higher. The pointwise loss alone tolerates a reward that is flat where progress is
+small (early in an approach); value-order correlation does not.
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ class CaptionedFrames:
         label: float32 (P,) in [0, 1], how far the group's goal holds in the frame.
         groups: the wordings of each group (one goal, several training wordings).
         states: optional float32 (N, Ds), the privileged state of each frame (auxiliary loss).
+        episode: optional int (N,), the episode of each frame (frames of an episode are
+            consecutive rows); needed by the ranking loss.
     """
 
     frames: np.ndarray
@@ -82,6 +90,7 @@ class CaptionedFrames:
     label: np.ndarray
     groups: list[list[str]]
     states: np.ndarray | None = None
+    episode: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = len(self.frame)
@@ -94,13 +103,19 @@ class CaptionedFrames:
             raise ValueError("every caption group needs at least one wording")
         if self.states is not None and (self.states.ndim != 2 or len(self.states) != len(self.frames)):
             raise ValueError(f"states must be (N, Ds) with N = {len(self.frames)} frames, got {self.states.shape}")
+        if self.episode is not None:
+            if self.episode.shape != (len(self.frames),):
+                raise ValueError(f"episode must be (N,) with N = {len(self.frames)}, got {self.episode.shape}")
+            runs = 1 + int(np.count_nonzero(self.episode[1:] != self.episode[:-1])) if len(self.episode) else 0
+            if runs != len(np.unique(self.episode)):
+                raise ValueError("the frames of each episode must be consecutive rows")
 
 
 @dataclass
 class FitSettings:
     """Optimisation settings of ``fit_image_tower``."""
 
-    steps: int = 2000
+    steps: int = 6000
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.05
@@ -109,6 +124,8 @@ class FitSettings:
     pos_fraction: float = 0.25  # share of each batch drawn from pairs whose goal holds (label >= 1/2)
     shift: int = 3  # augmentation: random translation in pixels
     state_weight: float = 1.0  # weight of the auxiliary state regression (0: none)
+    rank_weight: float = 1.0  # weight of the within-episode ranking loss (0: none)
+    rank_margin: float = 0.02  # label difference below which a pair is not ranked
     seed: int = 0
     log_every: int = 200
 
@@ -118,9 +135,9 @@ class FitSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.pos_fraction <= 1.0:
             raise ValueError(f"pos_fraction must be in [0, 1], got {self.pos_fraction}")
-        if self.lr <= 0 or self.shift < 0 or self.warmup < 0 or self.state_weight < 0:
-            raise ValueError(f"lr must be > 0 and shift, warmup, state_weight >= 0; got {self.lr}, {self.shift}, "
-                             f"{self.warmup}, {self.state_weight}")
+        if self.lr <= 0 or self.shift < 0 or self.warmup < 0 or self.state_weight < 0 or self.rank_weight < 0:
+            raise ValueError(f"lr must be > 0 and shift, warmup, state_weight, rank_weight >= 0; got {self.lr}, "
+                             f"{self.shift}, {self.warmup}, {self.state_weight}, {self.rank_weight}")
 
 
 def standardized_states(states: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
@@ -141,6 +158,37 @@ def random_shift(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tenso
     return torch.stack([padded[i, :, oy:oy + s, ox:ox + s] for i, (oy, ox) in enumerate(off)])
 
 
+class EpisodePartners:
+    """Draws, for pairs of ``data``, partner pairs: another frame of the same episode (uniformly),
+    paired with its own episode's goal. A frame without an own-goal pair is its own partner."""
+
+    def __init__(self, data: CaptionedFrames):
+        if data.episode is None:
+            raise ValueError("ranking pairs need data.episode")
+        ep, n = data.episode, len(data.frames)
+        first = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]])
+        run = np.searchsorted(first, np.arange(n), side="right") - 1
+        self.start, self.length = first[run], np.diff(np.r_[first, n])[run]
+        self.pair_of_frame = np.full(n, -1, np.int64)
+        self.pair_of_frame[data.frame] = np.arange(len(data.frame))
+        self.frame = data.frame
+
+    def draw(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        f = self.frame[idx]
+        partner = self.pair_of_frame[self.start[f] + (rng.random(len(f)) * self.length[f]).astype(int)]
+        return np.where(partner >= 0, partner, idx)
+
+
+def ranking_loss(logit_a: torch.Tensor, logit_b: torch.Tensor, dy: torch.Tensor, margin: float) -> torch.Tensor | None:
+    """Bradley-Terry loss of pairs (a, b): ``softplus(-sign(dy) (logit_a - logit_b))`` averaged over
+    the pairs whose label difference ``dy = label_a - label_b`` exceeds ``margin`` in size; None
+    when no pair does. It is small when the frame further along has the larger logit."""
+    ranked = dy.abs() > margin
+    if not bool(ranked.any()):
+        return None
+    return F.softplus(-torch.sign(dy[ranked]) * (logit_a - logit_b)[ranked]).mean()
+
+
 def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreprocess, data: CaptionedFrames,
                     settings: FitSettings, progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Fit ``model.visual`` in place so that cos(image, goal text) predicts the labels of ``data``.
@@ -155,8 +203,11 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
     table = text.encode(wordings)  # (W, D), fixed
     sizes = np.array([len(g) for g in data.groups])
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    ranking = s.rank_weight > 0 and data.episode is not None
+    n_anchor = s.batch_size // 2 if ranking else s.batch_size
     pos = np.flatnonzero(data.label >= 0.5)
-    n_pos = int(round(s.batch_size * s.pos_fraction)) if len(pos) else 0
+    n_pos = int(round(n_anchor * s.pos_fraction)) if len(pos) else 0
+    partners = EpisodePartners(data) if ranking else None
 
     for p in model.parameters():
         p.requires_grad_(False)
@@ -185,12 +236,14 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         t = (step - s.warmup) / max(1, s.steps - s.warmup)
         return s.lr * 0.5 * (1.0 + math.cos(math.pi * t))
 
-    history, running, running_state, t0 = [], 0.0, 0.0, time.perf_counter()
+    history, running, running_state, running_rank, t0 = [], 0.0, 0.0, 0.0, time.perf_counter()
     visual.train()
     for step in range(s.steps):
         for gr in opt.param_groups:
             gr["lr"] = lr_at(step) * gr["lr_scale"]
-        idx = np.concatenate([rng.choice(pos, n_pos), rng.integers(0, len(data.label), s.batch_size - n_pos)])
+        idx = np.concatenate([rng.choice(pos, n_pos), rng.integers(0, len(data.label), n_anchor - n_pos)])
+        if partners is not None:
+            idx = np.concatenate([idx, partners.draw(idx, rng)])
         g = data.group[idx]
         w = starts[g][:, None] + (rng.random((len(idx), s.wordings_per_frame)) * sizes[g][:, None]).astype(int)
         x = random_shift(preprocess(data.frames[data.frame[idx]]), s.shift, gen)
@@ -200,6 +253,13 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         y = torch.from_numpy(data.label[idx])[:, None].expand_as(cos)
         caption_loss = F.binary_cross_entropy_with_logits(log_scale.exp() * cos + bias, y)
         loss = caption_loss
+        if partners is not None:
+            dy = torch.from_numpy(data.label[idx[:n_anchor]] - data.label[idx[n_anchor:]])
+            logit = log_scale.exp() * cos.mean(1)
+            rank_loss = ranking_loss(logit[:n_anchor], logit[n_anchor:], dy, s.rank_margin)
+            if rank_loss is not None:
+                loss = loss + s.rank_weight * rank_loss
+                running_rank += float(rank_loss.detach())
         if head is not None:
             state_loss = F.mse_loss(head(emb), targets[torch.from_numpy(data.frame[idx])])
             loss = loss + s.state_weight * state_loss
@@ -212,12 +272,13 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         if (step + 1) % s.log_every == 0 or step + 1 == s.steps:
             n = (step % s.log_every) + 1
             history.append({"step": step + 1, "loss": running / n, "state_loss": running_state / n,
-                            "wall_s": time.perf_counter() - t0})
-            log.info("fit step %d/%d  caption loss %.4f  state loss %.3f  scale %.1f  bias %.2f", step + 1, s.steps,
-                     running / n, running_state / n, log_scale.exp().item(), bias.item())
+                            "rank_loss": running_rank / n, "wall_s": time.perf_counter() - t0})
+            log.info("fit step %d/%d  caption loss %.4f  state loss %.3f  rank loss %.3f  scale %.1f  bias %.2f",
+                     step + 1, s.steps, running / n, running_state / n, running_rank / n, log_scale.exp().item(),
+                     bias.item())
             if progress is not None:
                 progress(step + 1, running / n)
-            running = running_state = 0.0
+            running = running_state = running_rank = 0.0
     visual.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -102,8 +102,9 @@ class ClipReward(RewardModel):
     def __init__(self, model: torch.nn.Module, text: Any, preprocess: ImagePreprocess, *, alpha: float = 0.0,
                  baselines: Sequence[str] = (), negatives: Sequence[str] = (), negative_weight: float = 1.0,
                  smoothing: int = 1, batch_size: int = 64, suite: str | None = None,
-                 image_size: int | None = None, camera: str | None = None, calibration: tuple[float, float] | None = None,
-                 meta: dict[str, Any] | None = None, cache_text: bool = True):
+                 image_size: int | None = None, camera: str | None = None,
+                 calibration: tuple[float, float] | None = None, meta: dict[str, Any] | None = None,
+                 cache_text: bool = True):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if alpha > 0 and not baselines:
@@ -135,7 +136,8 @@ class ClipReward(RewardModel):
             raise ValueError(f"with_options: unknown option(s) {bad}; allowed: {list(names)}")
         kw = {n: changes.get(n, getattr(self, n)) for n in names}
         other = ClipReward(self.model, self.text, self.preprocess, suite=self.suite, image_size=self.image_size,
-                           camera=self.camera, calibration=self.calibration, meta=self.meta, cache_text=self.cache_text, **kw)
+                           camera=self.camera, calibration=self.calibration, meta=self.meta,
+                           cache_text=self.cache_text, **kw)
         other._text_cache = self._text_cache
         return other
 
@@ -219,7 +221,7 @@ class ClipRewardConfig:
     baselines: list[str] = dataclasses.field(default_factory=lambda: ["a robot and the objects around it"])
     negatives: list[str] = dataclasses.field(default_factory=list)
     negative_weight: float = 1.0
-    smoothing: int = 1
+    smoothing: int = 3  # mean over the last k frames (configs/reward/clip.yaml); 1: none
     batch_size: int = 64  # frames per forward pass (mid-sized batches run fastest on a CPU core)
 
     def __post_init__(self) -> None:
