@@ -397,3 +397,11 @@ def test_initial_noise_is_the_base_policys_and_the_learner_sees_the_offset_rewar
     vec.reset()
     _, r, _, infos = vec.step(np.zeros((2, sp.dim), np.float32))
     assert np.allclose(r, [i["reward_terms"]["near"] - 1.0 for i in infos], atol=1e-5)
+
+
+def test_report_ratio_never_rounds_a_lower_bound_up():
+    from embodied.runtime.steer import format_ratio
+
+    assert format_ratio(None, 30000 / 10006) == "> 2.99x"  # 2.998: not "> 3.0x"
+    assert format_ratio(3.0, None) == "3.00x"
+    assert format_ratio(None, None) == "–"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -356,6 +357,17 @@ def plot_curves(path: Path, metrics: dict[str, Any]) -> Path:
     return path
 
 
+def format_ratio(ratio: float | None, at_least: float | None) -> str:
+    """A steps ratio for the report: two decimals, or ``> x`` with x rounded down when the
+    method never reached the target (its budget over the steered policy's steps is only a
+    lower bound, so rounding it up would claim more than was measured)."""
+    if ratio is not None:
+        return f"{ratio:.2f}x"
+    if at_least:
+        return f"> {math.floor(at_least * 100) / 100:.2f}x"
+    return "–"
+
+
 def write_report(out: Path, m: dict[str, Any]) -> Path:
     lines = [f"# Steering {m['checkpoint']} on {m['task']}", "",
              f"{m['method']}, {m['reward']} reward, {m['env_steps']} env steps, {m['wall_time_s']:.0f} s. Success on "
@@ -369,8 +381,7 @@ def write_report(out: Path, m: dict[str, Any]) -> Path:
                   "| method | success after | held-out wordings | env steps to reach | ratio | wall time |",
                   "|---|---|---|---|---|---|"]
         for k, v in m["compare"].items():
-            ratio = f"{v['steps_ratio']:.1f}x" if v["steps_ratio"] is not None else (
-                f"> {v['steps_ratio_at_least']:.1f}x" if v["steps_ratio_at_least"] else "–")
+            ratio = format_ratio(v["steps_ratio"], v["steps_ratio_at_least"])
             lines.append(f"| {k} | {pct(v['success_after'])} | {pct(v['heldout_after'])} | "
                          f"{v['steps_to_reach'] if v['steps_to_reach'] is not None else 'not reached'} | {ratio} | "
                          f"{v['wall_time_s']:.0f} s |")
