@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from embodied.core.registry import get_task, make_env
+from embodied.core.policy import check_chunk
 from embodied.core.reward import RewardModel
 from rewards.preference import metrics as M
 from rewards.preference.model import PreferenceReward, RewardConfig
@@ -73,8 +74,14 @@ class PreferConfig:
     segment_length: int = 25  # steps per segment
     episodes_per_round: int = 3  # learner episodes per round (the ranking learner plays each with every candidate)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    learner: str = "ranking"
+    learner: str = "ranking"  # ranking (best-of-K selection) | steer (latent-noise steering of a checkpoint)
     candidates: int = 8  # ranking learner: behaviours per episode
+    checkpoint: str = ""  # learner=steer: the flow/diffusion checkpoint of `embodied train` to steer
+    steer_env_steps: int = 10_000  # learner=steer: env steps of steering, with the learned and the ground-truth reward
+    steer_ground_truth: str = "sparse"  # learner=steer: the ground-truth reward it is compared with (sparse | dense)
+    steer_reference: str = ""  # learner=steer: a finished ground-truth `embodied steer` run to reuse (same settings)
+    steer_eval_every: int = 2500  # learner=steer: env steps between evaluations of the curve
+    steer: dict[str, Any] = field(default_factory=lambda: {"utd": 2})  # learner=steer: SteerConfig fields
     heldout_episodes: int = 10
     heldout_pairs: int = 400
     eval_episodes: int = 30
@@ -107,6 +114,17 @@ class PreferConfig:
             raise ValueError("`embodied prefer plot` needs runs=[DIR,...] (prefer run directories)")
         if isinstance(self.reward, dict):
             self.reward = RewardConfig(**self.reward)
+        if self.learner == "steer":
+            if not self.checkpoint:
+                raise ValueError("learner=steer needs checkpoint=RUN/checkpoint (a flow or diffusion policy of "
+                                 "`embodied train`)")
+            check_choice("steer_ground_truth", self.steer_ground_truth, ("sparse", "dense"))
+            if self.steer_env_steps < 1 or self.steer_eval_every < 0:
+                raise ValueError(f"steer_env_steps must be >= 1 and steer_eval_every >= 0, got "
+                                 f"{self.steer_env_steps}, {self.steer_eval_every}")
+            if self.reward.input != "state":
+                raise ValueError(f"learner=steer steers with a state reward (the privileged state of each step): "
+                                 f"reward.input must be 'state', got {self.reward.input!r}")
 
     @property
     def needs_frames(self) -> bool:
@@ -114,16 +132,17 @@ class PreferConfig:
 
 
 # ------------------------------------------------------------------ trajectories
-def rollout(env: Any, seed: int, act: Callable[[Any, np.random.Generator], np.ndarray], frames: bool,
+def rollout(env: Any, seed: int, act: Callable[[Any, np.random.Generator, Any], np.ndarray], frames: bool,
             info: dict[str, Any]) -> tuple[Trajectory, int]:
-    """One episode with ``act(env, rng) -> action``; returns it padded to the time limit, and its real steps."""
+    """One episode with ``act(env.unwrapped, rng, obs) -> action``; returns it padded to the time
+    limit, and its real steps."""
     obs, inf = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     u = env.unwrapped
     states, actions, rewards, imgs = [], [], [], []
     success, steps = bool(inf["success"]), 0
     for _ in range(u.max_episode_steps):
-        a = np.asarray(act(u, rng), np.float32)
+        a = np.asarray(act(u, rng, obs), np.float32)
         states.append(u.privileged_state())
         if frames:
             imgs.append(env.render())
@@ -144,13 +163,13 @@ def rollout(env: Any, seed: int, act: Callable[[Any, np.random.Generator], np.nd
     return traj, steps
 
 
-def candidate_behaviour(seed: int, k: int, action_dim: int) -> Callable[[Any, np.random.Generator], np.ndarray]:
+def candidate_behaviour(seed: int, k: int, action_dim: int) -> Callable[[Any, np.random.Generator, Any], np.ndarray]:
     """Behaviour k of episode ``seed``: the scripted expert with probability p, else a fixed random
     push (plus noise); p and the push are drawn per (seed, k), so candidates range from expert to aimless."""
     r = np.random.default_rng([seed, k, 7])
     p, push = float(r.uniform(0.0, 1.0)), r.uniform(-1.0, 1.0, action_dim)
 
-    def act(u: Any, rng: np.random.Generator) -> np.ndarray:
+    def act(u: Any, rng: np.random.Generator, obs: Any = None) -> np.ndarray:
         if rng.random() < p:
             return np.clip(u.expert_action(), -1, 1)
         return np.clip(push + 0.3 * rng.normal(size=action_dim), -1, 1)
@@ -271,6 +290,129 @@ def _ranking(cfg: PreferConfig, frames: bool) -> RankingLearner:
     return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size)
 
 
+def policy_behaviour(policy: Any, task: str | None) -> Callable[[Any, np.random.Generator, Any], np.ndarray]:
+    """A trained ``Policy`` as a behaviour for ``rollout`` (chunk by chunk, its own sampler noise);
+    one-hot policies get ``task``. A fresh behaviour per episode."""
+    ep = policy.new_episode()
+
+    def act(u: Any, rng: np.random.Generator, obs: Any) -> np.ndarray:
+        ep.push(policy.observe(ep, obs))
+        if ep.needs_chunk:
+            batch = ep.batch()
+            if task is not None:
+                batch["task"] = [task]
+            ep.fill(check_chunk(policy.predict_chunk(batch), 1)[0])
+        return ep.pop()
+
+    return act
+
+
+class SteerLearner:
+    """Latent-noise steering (DSRL; ``embodied steer``) of a demonstration-trained checkpoint, with
+    the learned reward and, for comparison, with the ground-truth reward.
+
+    Two stages. ``rollout`` plays the checkpoint's own policy (its sampler's noise varies, so do
+    its episodes): queries are cut from what the policy to be improved does. Once the reward is
+    learned, ``evaluate`` steers the checkpoint from scratch for ``steer_env_steps`` env steps with
+    it (``rewards.preference.model:load_reward``: the reward shifted below zero) and, on the same
+    seeds, settings and env steps, with the ground-truth reward (``steer_ground_truth``; or reuses
+    the finished run ``steer_reference``). Each is an ordinary ``embodied steer`` run, written under
+    the prefer run's ``steer_learned/`` and ``steer_ground_truth/`` (metrics, curve, the steered
+    checkpoint). The noise policy trains once, on the final reward, so there is no replay buffer to
+    relabel between reward updates (the PEBBLE learner, ``learner=pebble``, relabels).
+
+    ``env_steps`` counts the query episodes; the steering runs' own env steps are in ``evaluate``'s
+    ``env_steps`` (equal for both rewards).
+    """
+
+    def __init__(self, cfg: PreferConfig, frames: bool):
+        from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
+
+        self.cfg, self.frames = cfg, frames
+        self.policy = load_for_eval(cfg.checkpoint, "cpu")
+        kw = policy_env_kwargs(self.policy, [cfg.task])
+        if frames:
+            kw.update(render_mode="rgb_array", render_size=cfg.render_size)
+        self.env = make_env(cfg.task, **kw)
+        self.task_arg = cfg.task if self.policy.unwrapped.config.text_encoder == "onehot" else None
+        self.next_seed, self.env_steps = cfg.seed, 0
+        self.out: Path = Path(".")  # set by run_prefer to the run directory
+        self.rounds = 0
+
+    def rollout(self, episodes: int) -> list[Trajectory]:
+        out = []
+        for s in range(self.next_seed, self.next_seed + episodes):
+            t, steps = rollout(self.env, s, policy_behaviour(self.policy, self.task_arg), self.frames,
+                               {"policy": "checkpoint"})
+            self.env_steps += steps
+            out.append(t)
+        self.next_seed += episodes
+        return out
+
+    def improve(self, reward: RewardModel) -> dict[str, Any]:
+        self.rounds += 1  # stage two (steering) runs once, in evaluate, on the final reward
+        return {}
+
+    def _steer_config(self, reward: str, kwargs: dict[str, Any], episodes: int) -> Any:
+        from embodied.runtime.steer import SteerRunConfig
+        from policies.steering.config import SteerConfig
+
+        c = self.cfg
+        return SteerRunConfig(checkpoint=c.checkpoint, task=c.task, reward=reward, reward_kwargs=kwargs,
+                              env_steps=c.steer_env_steps, eval_every=c.steer_eval_every, final_episodes=episodes,
+                              seed=c.seed, videos=0, progress=False, threads=1, steer=SteerConfig(**c.steer))
+
+    def _reference(self, want: Any) -> dict[str, Any] | None:
+        """The metrics of ``steer_reference`` if it is a finished run with the same settings."""
+        import json
+
+        if not self.cfg.steer_reference:
+            return None
+        p = Path(self.cfg.steer_reference) / "metrics.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"steer_reference={self.cfg.steer_reference!r} holds no metrics.json: give the "
+                                    "directory of a finished `embodied steer` run")
+        m = json.loads(p.read_text())
+        mine = {"checkpoint": want.checkpoint, "task": want.task, "reward": want.reward, "seed": want.seed,
+                "final_episodes": want.final_episodes}
+        theirs = {k: m.get(k) for k in mine}
+        steer_cfg = {k: v for k, v in vars(want.steer).items()}
+        steer_cfg["net_arch"] = list(steer_cfg["net_arch"])
+        if theirs != mine or m.get("steer") != steer_cfg or abs(m["env_steps"] - want.env_steps) > 2 * 8:
+            raise ValueError(f"steer_reference={self.cfg.steer_reference!r} was run with other settings "
+                             f"({theirs}, {m['env_steps']} env steps) than this comparison needs ({mine}, "
+                             f"{want.env_steps} env steps, steer={steer_cfg})")
+        return m
+
+    def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
+        from embodied.runtime.steer import steer
+
+        path = self.out / "steer_reward.pt"
+        if not isinstance(reward, PreferenceReward):
+            raise ValueError(f"the steer learner steers with a learned PreferenceReward, got {type(reward).__name__}")
+        reward.save(path)
+        learned = steer(self._steer_config("rewards.preference.model:load_reward", {"path": str(path)}, episodes),
+                        self.out / "steer_learned")
+        gt_cfg = self._steer_config(self.cfg.steer_ground_truth, {}, episodes)
+        truth = self._reference(gt_cfg) or steer(gt_cfg, self.out / "steer_ground_truth")
+        out = {"success_learned": learned["success_after"], "success_ground_truth": truth["success_after"],
+               "success_before": learned["success_before"], "heldout_learned": learned["heldout_after"],
+               "heldout_ground_truth": truth["heldout_after"], "episodes": episodes,
+               "env_steps": learned["env_steps"], "env_steps_ground_truth": truth["env_steps"],
+               "query_env_steps": self.env_steps, "ground_truth": self.cfg.steer_ground_truth,
+               "curve_learned": learned["curve"], "curve_ground_truth": truth["curve"],
+               "steer_learned": str(self.out / "steer_learned"),
+               "steer_ground_truth": self.cfg.steer_reference or str(self.out / "steer_ground_truth")}
+        gt = out["success_ground_truth"]
+        out["ratio"] = out["success_learned"] / gt if gt else None
+        return out
+
+
+@register_learner("steer")
+def _steer(cfg: PreferConfig, frames: bool) -> SteerLearner:
+    return SteerLearner(cfg, frames)
+
+
 # ---------------------------------------------------------------- reward quality
 def oracle_targets(queries: Sequence[Query]) -> np.ndarray:
     """Exact ground-truth preference P[right ≻ left] (0.5 on an exact tie)."""
@@ -313,6 +455,8 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
                          f"({spec.max_episode_steps} steps)")
     frames = cfg.needs_frames
     learner = LEARNERS[cfg.learner](cfg, frames)
+    if hasattr(learner, "out"):
+        learner.out = run_dir
     coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
     env = coverage.env.unwrapped
     ds, da = len(env.privileged_state()), env.action_space.shape[0]
@@ -387,12 +531,15 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             "final": curve[-1] if curve else {}, "policy": final, "config": asdict(cfg)}
 
 
-def evaluate_reward(cfg: PreferConfig) -> dict[str, Any]:
+def evaluate_reward(cfg: PreferConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """``embodied prefer eval``: held-out quality of a saved reward, its stored labels' accuracy
-    (``labels=PATH``, e.g. a person's) and the ranking learner's success with it."""
+    (``labels=PATH``, e.g. a person's) and the learner's success with it (``learner=steer``:
+    steering runs under ``run_dir``)."""
     model = PreferenceReward.load(cfg.reward_path)
     frames = model.cfg.input == "image"
     learner = LEARNERS[cfg.learner](cfg, frames)
+    if hasattr(learner, "out"):
+        learner.out = Path(run_dir or ".")
     coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
     env = coverage.env.unwrapped
     if len(env.privileged_state()) != model.state_dim:
