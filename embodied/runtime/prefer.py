@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
 
@@ -62,7 +62,8 @@ class PreferConfig:
     eps: Optional[float] = None  # ... its mistake probability
     skip: Optional[float] = None  # ... its skip threshold (fraction of the segment-return margin)
     equal: Optional[float] = None  # ... its equal threshold (fraction of the margin)
-    vlm_reward: str = ""  # teacher=vlm: "module:factory" returning a RewardModel that reads frames
+    vlm_reward: str = ""  # teacher=vlm: a rewards.registry name (clip) or "module:factory" of a frame RewardModel
+    vlm_settings: dict[str, Any] = field(default_factory=dict)  # teacher=vlm: its settings, e.g. {checkpoint: DIR}
     abstain: float = 0.0  # teacher=vlm: skip when the two clips' scores differ by less than this
     labels: str = ""  # label store directory (reused and extended); default <run dir>/labels
     labels_on_malformed: str = "raise"  # raise (name each bad line) | quarantine (move them aside)
@@ -86,7 +87,8 @@ class PreferConfig:
     heldout_pairs: int = 400
     eval_episodes: int = 30
     render: bool = False  # record frames (forced on for the vlm and human teachers and image rewards)
-    render_size: int = 64
+    render_size: int = 64  # side of recorded frames (teacher=vlm: the reward's own, when it says)
+    render_camera: str = ""  # camera of recorded frames (default: the task's; teacher=vlm: the reward's own)
     port: int = 8765  # teacher=human: the label page's port (loopback)
     seed: int = 0
     reward_path: str = ""  # action=eval: a reward written by `embodied prefer` (reward.pt)
@@ -106,8 +108,11 @@ class PreferConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.budget < 0 or self.seed < 0:
             raise ValueError(f"budget and seed must be >= 0, got budget={self.budget}, seed={self.seed}")
-        if self.teacher == "vlm" and ":" not in self.vlm_reward:
-            raise ValueError("teacher=vlm needs vlm_reward=module:factory (a callable returning a frame RewardModel)")
+        if self.teacher == "vlm" and not self.vlm_reward:
+            from rewards.registry import REWARDS
+
+            raise ValueError(f"teacher=vlm needs vlm_reward=NAME (one of {sorted(REWARDS)}, with vlm_settings="
+                             "{checkpoint:DIR}) or vlm_reward=module:factory (a callable returning a frame RewardModel)")
         if self.action == "eval" and not self.reward_path:
             raise ValueError("`embodied prefer eval` needs reward_path=PATH (the reward.pt of a prefer run)")
         if self.action == "plot" and not self.runs:
@@ -186,6 +191,22 @@ def trajectory_return(reward: RewardModel, t: Trajectory) -> float:
     return float(np.sum(reward(frames, states if "states" in reward.inputs else None, t.instruction).reward))
 
 
+def frame_env(task: str, frames: bool, size: int, camera: str = "", **kw: Any) -> Any:
+    """``make_env(task, **kw)`` whose ``render()`` gives (size, size) frames of ``camera`` (default:
+    the task's render camera) when ``frames``; the same pixels as that camera's observation images
+    at that size, which is what a camera-fitted reward (the VLM teacher's) reads."""
+    if frames:
+        kw.update(render_mode="rgb_array", render_size=size)
+    env = make_env(task, **kw)
+    if frames and camera:
+        u = env.unwrapped
+        valid = [u.model.camera(i).name for i in range(u.model.ncam)]
+        if camera not in valid:
+            raise ValueError(f"render_camera={camera!r} is not a camera of task {task!r}; its cameras: {valid}")
+        u.render_camera = camera
+    return env
+
+
 # ----------------------------------------------------------------------- learners
 class Learner(Protocol):
     """What improves a policy with a reward, registered by name in ``LEARNERS``.
@@ -220,8 +241,8 @@ class RankingLearner:
     changes the ranking. Seeds fix each candidate's episode, so the learned and the ground-truth
     reward rank the very same trajectories (equal env steps)."""
 
-    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int):
-        self.env = make_env(task, render_mode="rgb_array" if frames else None, render_size=render_size)
+    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int, camera: str = ""):
+        self.env = frame_env(task, frames, render_size, camera)
         self.k, self.frames, self.next_seed = candidates, frames, seed
         self.seed, self.env_steps = seed, 0
         self.reward: RewardModel | None = None
@@ -287,7 +308,7 @@ def register_learner(name: str) -> Callable[[LearnerFactory], LearnerFactory]:
 
 @register_learner("ranking")
 def _ranking(cfg: PreferConfig, frames: bool) -> RankingLearner:
-    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size)
+    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size, cfg.render_camera)
 
 
 def policy_behaviour(policy: Any, task: str | None) -> Callable[[Any, np.random.Generator, Any], np.ndarray]:
@@ -330,10 +351,8 @@ class SteerLearner:
 
         self.cfg, self.frames = cfg, frames
         self.policy = load_for_eval(cfg.checkpoint, "cpu")
-        kw = policy_env_kwargs(self.policy, [cfg.task])
-        if frames:
-            kw.update(render_mode="rgb_array", render_size=cfg.render_size)
-        self.env = make_env(cfg.task, **kw)
+        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera,
+                             **policy_env_kwargs(self.policy, [cfg.task]))
         self.task_arg = cfg.task if self.policy.unwrapped.config.text_encoder == "onehot" else None
         self.next_seed, self.env_steps = cfg.seed, 0
         self.out: Path = Path(".")  # set by run_prefer to the run directory
@@ -430,17 +449,32 @@ def reward_quality(model: PreferenceReward, pairs: Sequence[Query], targets: np.
 
 
 # ------------------------------------------------------------------------ teachers
-def make_teacher(cfg: PreferConfig, margin: float, server: Any = None) -> Teacher:
-    if cfg.teacher in PRESETS:
-        return make_simulated(cfg.teacher, margin, cfg.seed, beta=cfg.beta, gamma=cfg.gamma, eps=cfg.eps,
-                              skip=cfg.skip, equal=cfg.equal)
-    if cfg.teacher == "vlm":
+def load_vlm(cfg: PreferConfig) -> RewardModel:
+    """The VLM teacher's reward: a ``rewards.registry`` name with ``vlm_settings``, or
+    ``module:factory`` called with them; it must read frames and may score ``cfg.task``'s suite."""
+    if ":" in cfg.vlm_reward:
         module, _, attr = cfg.vlm_reward.partition(":")
         try:
             factory = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"vlm_reward={cfg.vlm_reward!r} cannot be loaded: {e}") from None
-        return RewardModelTeacher(factory(), cfg.abstain)
+        model = factory(**cfg.vlm_settings)
+    else:
+        from rewards.registry import make_reward
+
+        model = make_reward({"name": cfg.vlm_reward, **cfg.vlm_settings})
+    if not isinstance(model, RewardModel):
+        raise ValueError(f"vlm_reward={cfg.vlm_reward!r} gave a {type(model).__name__}, not a RewardModel")
+    model.check_suite(get_task(cfg.task).suite)
+    return model
+
+
+def make_teacher(cfg: PreferConfig, margin: float, server: Any = None, vlm: RewardModel | None = None) -> Teacher:
+    if cfg.teacher in PRESETS:
+        return make_simulated(cfg.teacher, margin, cfg.seed, beta=cfg.beta, gamma=cfg.gamma, eps=cfg.eps,
+                              skip=cfg.skip, equal=cfg.equal)
+    if cfg.teacher == "vlm":
+        return RewardModelTeacher(vlm if vlm is not None else load_vlm(cfg), cfg.abstain)
     from rewards.preference.server import HumanTeacher
 
     return HumanTeacher(server)
@@ -453,6 +487,9 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     if cfg.segment_length > spec.max_episode_steps:
         raise ValueError(f"segment_length={cfg.segment_length} is longer than {cfg.task}'s episodes "
                          f"({spec.max_episode_steps} steps)")
+    vlm = load_vlm(cfg) if cfg.teacher == "vlm" else None
+    if vlm is not None:  # record the frames the VLM reads: its camera, its side
+        cfg = replace(cfg, render_size=vlm.image_size or cfg.render_size, render_camera=vlm.camera or cfg.render_camera)
     frames = cfg.needs_frames
     learner = LEARNERS[cfg.learner](cfg, frames)
     if hasattr(learner, "out"):
@@ -489,7 +526,7 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             pool += learner.rollout(cfg.episodes_per_round)
             if teacher is None:  # B-Pref's margin: mean episode return scaled to a segment
                 margin = float(np.mean([t.ret for t in pool])) * cfg.segment_length / spec.max_episode_steps
-                teacher = make_teacher(cfg, margin, server)
+                teacher = make_teacher(cfg, margin, server, vlm)
             asked = [store.query(q, frames) for q in store.pending()]  # posed by an interrupted run: answer them first
             if n:
                 cands = sample_pairs(pool, n * cfg.oversample, cfg.segment_length, rng)

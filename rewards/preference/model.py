@@ -299,3 +299,12 @@ def load_reward(path: str | os.PathLike = "", shift: str = "max") -> PreferenceR
         model.shift = float(model.reward_range[1])
         model.reward_range = (model.reward_range[0] - model.shift, 0.0)
     return model
+
+
+def reward_from_settings(settings: dict[str, Any]) -> PreferenceReward:
+    """``rewards.registry`` entry ``prefer``: ``embodied reward eval reward=prefer reward.path=RUN/reward.pt``."""
+    known = {"path", "shift"}
+    bad = sorted(set(settings) - known - {"name"})
+    if bad:
+        raise ValueError(f"reward=prefer: unknown setting(s) {bad}; allowed: {sorted(known)}")
+    return load_reward(settings.get("path", ""), settings.get("shift", "none"))
