@@ -185,3 +185,27 @@ def test_the_steer_learner_needs_a_checkpoint_and_refuses_a_mismatched_reference
     (tmp_path / "ref" / "metrics.json").write_text(json.dumps({**good, "seed": 1}))
     with pytest.raises(ValueError, match="other settings"):
         learner._reference(want)
+
+
+def test_reward_eval_takes_a_learned_reward_by_registry_name(tmp_path):
+    from rewards.registry import make_reward
+
+    model = trained(tmp_path)
+    x = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
+    back = make_reward({"name": "prefer", "path": str(tmp_path / "reward.pt")})
+    np.testing.assert_allclose(back(None, x, "go").reward, model(None, x, "go").reward, rtol=1e-5)  # unshifted
+    with pytest.raises(ValueError, match="unknown setting"):
+        make_reward({"name": "prefer", "path": str(tmp_path), "checkpoint": "x"})
+
+
+def test_recorded_frames_are_the_vlm_cameras_observation_images():
+    from embodied.core.registry import make_env
+    from embodied.runtime.prefer import frame_env
+
+    env = frame_env("reach", True, 32, "side")
+    pix = make_env("reach", obs_mode="state+pixels", cameras=["side"], image_size=32)
+    env.reset(seed=3)
+    obs, _ = pix.reset(seed=3)
+    np.testing.assert_array_equal(env.render(), obs["image"])
+    with pytest.raises(ValueError, match="is not a camera of task 'reach'; its cameras"):
+        frame_env("reach", True, 32, "nose")
