@@ -209,3 +209,51 @@ def test_recorded_frames_are_the_vlm_cameras_observation_images():
     np.testing.assert_array_equal(env.render(), obs["image"])
     with pytest.raises(ValueError, match="is not a camera of task 'reach'; its cameras"):
         frame_env("reach", True, 32, "nose")
+
+
+# --------------------------------------------------------------------- PEBBLE
+def test_knn_entropy_reward_is_the_log_distance_to_the_kth_neighbour():
+    from embodied.runtime.prefer import knn_entropy_reward
+
+    x = np.array([[0.0], [1.0], [3.0], [7.0]], np.float32)
+    np.testing.assert_allclose(knn_entropy_reward(x, 1), np.log1p([1, 1, 2, 4]), rtol=1e-6)
+    np.testing.assert_allclose(knn_entropy_reward(x, 2), np.log1p([3, 2, 3, 6]), rtol=1e-6)
+
+
+class StateSum(RewardModel):
+    """A state reward: w · s, in [-1, 1]."""
+
+    inputs = frozenset({"states"})
+    reward_range = (-1.0, 1.0)
+
+    def __init__(self, w):
+        self.w = np.asarray(w, np.float32)
+
+    def score(self, frames, states, instruction):
+        return RewardOutput(np.tanh(states @ self.w))
+
+
+def test_pebble_relabels_the_whole_replay_buffer_with_each_new_reward(tmp_path):
+    from embodied.runtime.prefer import PebbleLearner, PreferConfig
+
+    cfg = PreferConfig(task="press-button", learner="pebble", pebble_unsup_steps=30, pebble_learning_starts=10,
+                       eval_episodes=1, seed=0)
+    learner = PebbleLearner(cfg, False)
+    trajs = learner.rollout(1)
+    buf = learner.model.replay_buffer
+    n = buf.pos
+    # every step is stored but the one that opened the episode after the last one asked for
+    assert n == learner.env_steps - 1 >= 30 and trajs and all(len(t.states) == 60 for t in trajs)
+    assert buf.intrinsic_k == cfg.pebble_knn and np.all(buf.rewards[:n] == 0)  # pre-training: no reward stored
+    nxt = buf.sample(16).next_observations.numpy()
+    assert np.all(np.isfinite(nxt))
+    obs = buf.observations[:n, 0]
+    for seed in (1, 2):
+        w = np.random.default_rng(seed).normal(size=obs.shape[1]) / 10
+        assert learner.improve(StateSum(w))["relabelled"] == n
+        np.testing.assert_allclose(buf.rewards[:n, 0], np.tanh(obs @ w) - 1.0, rtol=1e-5, atol=1e-6)
+    assert buf.intrinsic_k == 0
+    learner.rollout(1)  # new steps are rewarded by the current model as they are stored
+    m = buf.pos
+    np.testing.assert_allclose(buf.rewards[n:m, 0], np.tanh(buf.observations[n:m, 0] @ w) - 1.0, rtol=1e-5,
+                               atol=1e-6)
