@@ -3,8 +3,15 @@
     embodied prefer task=press-button teacher=oracle                   # simulated teacher (B-Pref presets)
     embodied prefer task=press-button teacher=mistake labels=labels/pb  # reuse and extend a label store
     embodied prefer task=press-button teacher=human budget=40           # a person, on the label page
+    embodied prefer task=press-button teacher=vlm vlm_reward=clip vlm_settings={checkpoint:RUN/reward} abstain=0.02
+    embodied prefer task=reach learner=steer checkpoint=RUN/checkpoints/step_0000400 steer_env_steps=10000
+    embodied prefer task=press-button learner=pebble pebble_unsup_steps=1000       # PEBBLE on SB3 SAC
     embodied prefer eval task=press-button reward_path=outputs/prefer/.../reward.pt
     embodied prefer plot runs=[outputs/prefer/a,outputs/prefer/b] out=curve.png
+
+Learners (``LEARNERS``): ``ranking`` selects the best of K scripted candidate trajectories by the
+learned reward (no policy is trained); ``steer`` trains a policy by latent-noise steering of a
+checkpoint (``SteerLearner``); ``pebble`` is PEBBLE on SAC in raw action space (``PebbleLearner``).
 
 One round (PEBBLE's loop, with the learner behind ``Learner``):
   1. the learner rolls out episodes (with its current reward) -> trajectories join the pool;
@@ -117,7 +124,8 @@ class PreferConfig:
             from rewards.registry import REWARDS
 
             raise ValueError(f"teacher=vlm needs vlm_reward=NAME (one of {sorted(REWARDS)}, with vlm_settings="
-                             "{checkpoint:DIR}) or vlm_reward=module:factory (a callable returning a frame RewardModel)")
+                             "{checkpoint:DIR}) or vlm_reward=module:factory (a callable returning a frame "
+                             "RewardModel)")
         if self.action == "eval" and not self.reward_path:
             raise ValueError("`embodied prefer eval` needs reward_path=PATH (the reward.pt of a prefer run)")
         if self.action == "plot" and not self.runs:
@@ -139,8 +147,8 @@ class PreferConfig:
                                  f"{self.pebble_unsup_steps}, {self.pebble_learning_starts}, {self.pebble_knn}")
         if self.learner in ("steer", "pebble"):
             if self.reward.input != "state":
-                raise ValueError(f"learner={self.learner} learns with a state reward (the privileged state of each step): "
-                                 f"reward.input must be 'state', got {self.reward.input!r}")
+                raise ValueError(f"learner={self.learner} learns with a state reward (the privileged state of each "
+                                 f"step): reward.input must be 'state', got {self.reward.input!r}")
 
     @property
     def needs_frames(self) -> bool:
@@ -222,14 +230,13 @@ def frame_env(task: str, frames: bool, size: int, camera: str = "", **kw: Any) -
 class Learner(Protocol):
     """What improves a policy with a reward, registered by name in ``LEARNERS``.
 
-    The steering learner (latent-noise steering of a demonstration-trained policy: SB3 SAC on the
-    initial noise w) is meant to implement the same three calls: ``rollout`` plays the steered
-    policy and returns its episodes (states, actions, ground-truth rewards, frames when asked);
-    ``improve`` runs SAC steps on w with ``reward`` (any ``RewardModel``, read through the
-    contract only); ``evaluate`` compares the policy steered with the learned reward to one
-    steered with the ground-truth reward for the same number of env steps. ``evaluate`` returns
-    at least ``success_learned``, ``success_ground_truth``, ``success_before``, ``episodes`` and
-    ``env_steps``.
+    ``rollout`` plays the learner's policy and returns its episodes (privileged states, actions,
+    ground-truth rewards, frames when asked); ``improve`` updates it with ``reward`` (any
+    ``RewardModel``, read through the contract only); ``evaluate`` compares the policy improved
+    with the learned reward to one improved with the ground-truth reward for the same number of
+    env steps. ``evaluate`` returns at least ``success_learned``, ``success_ground_truth``,
+    ``success_before``, ``episodes`` and ``env_steps``. A learner with an ``out`` attribute gets
+    the run directory there (for what it writes).
     """
 
     env_steps: int  # environment steps taken so far (the x-axis of a fair comparison)
@@ -518,7 +525,9 @@ class StateRewardEnv(gym.Wrapper):
             r = float(self.reward(s[None], u.instruction)[0])
         if self.record:
             e = self._ep
-            e["states"].append(s), e["actions"].append(np.asarray(action, np.float32)), e["rewards"].append(float(r_env))
+            e["states"].append(s)
+            e["actions"].append(np.asarray(action, np.float32))
+            e["rewards"].append(float(r_env))
             if frame is not None:
                 e["frames"].append(frame)
             e["success"] = e["success"] or ok
@@ -636,7 +645,8 @@ class PebbleLearner:
         gt_env = StateRewardEnv(frame_env(self.cfg.task, False, 0), self.cfg.pebble_ground_truth, record=False)
         gt = self._sac(gt_env)
         self._learn(gt, steps=self.env_steps)
-        out = {"success_learned": self._success(self.model, episodes), "success_ground_truth": self._success(gt, episodes),
+        out = {"success_learned": self._success(self.model, episodes),
+               "success_ground_truth": self._success(gt, episodes),
                "success_before": self.success_before, "episodes": episodes, "env_steps": self.env_steps,
                "env_steps_ground_truth": gt_env.steps, "ground_truth": self.cfg.pebble_ground_truth,
                "unsupervised_steps": self.cfg.pebble_unsup_steps, "reward_updates": self.updates}
