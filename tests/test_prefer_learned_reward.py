@@ -150,7 +150,8 @@ def test_the_steer_learner_queries_the_checkpoints_episodes_and_steers_with_the_
 
     monkeypatch.setattr(prefer.SteerLearner, "rollout", spy)
     m = prefer.run_prefer(steer_prefer_config(tmp_path), tmp_path)
-    assert seen == ["checkpoint"] * 4  # every query episode is the checkpoint's own
+    assert seen == ["checkpoint"] * 5  # every query (and held-out) episode is the checkpoint's own
+    assert {"policy_accuracy", "policy_return_spearman", "accuracy"} <= set(m["curve"][-1])
     (learned_cfg, learned_out, learned_r), (gt_cfg, gt_out, gt_r) = runs
     assert isinstance(learned_r, PreferenceReward) and learned_r.shift == 1.0 and gt_r == "sparse"
     assert learned_out == tmp_path / "steer_learned" and gt_out == tmp_path / "steer_ground_truth"

@@ -390,6 +390,16 @@ class SteerLearner:
         self.rounds += 1  # stage two (steering) runs once, in evaluate, on the final reward
         return {}
 
+    def heldout(self, episodes: int) -> list[Trajectory]:
+        """Episodes of held-out seeds played by the checkpoint: the distribution the reward steers
+        on (reported as ``policy_*`` beside the candidates' coverage); not counted in env steps."""
+        steps, seed = self.env_steps, self.next_seed
+        self.next_seed = self.cfg.seed + HELDOUT_SEED
+        try:
+            return self.rollout(episodes)
+        finally:
+            self.env_steps, self.next_seed = steps, seed
+
     def _steer_config(self, reward: str, kwargs: dict[str, Any], episodes: int) -> Any:
         from embodied.runtime.steer import SteerRunConfig
         from policies.steering.config import SteerConfig
@@ -731,6 +741,10 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     heldout = coverage.heldout(cfg.heldout_episodes)
     hpairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
     htargets = oracle_targets(hpairs)
+    own = learner.heldout(cfg.heldout_episodes) if coverage is not learner and hasattr(learner, "heldout") else []
+    opairs = (sample_pairs(own, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 2))
+              if own else [])
+    otargets = oracle_targets(opairs)
     model = PreferenceReward(cfg.reward, ds, da, cfg.seed)
     server = None
     if cfg.teacher == "human":
@@ -775,10 +789,14 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit,
                      "teacher_accuracy": agree[0] / agree[1] if agree[1] else None,
                      **(reward_quality(model, hpairs, htargets, heldout) if queries else {}),
+                     **({f"policy_{k}": v for k, v in reward_quality(model, opairs, otargets, own).items()}
+                        if queries and own else {}),
                      "env_steps": learner.env_steps}
             curve.append(point)
-            log.info("round %d: %d labels, held-out accuracy %.3f, return Spearman %.3f", r, len(queries),
-                     point.get("accuracy", math.nan), point.get("return_spearman", math.nan))
+            log.info("round %d: %d labels, held-out accuracy %.3f, return Spearman %.3f%s", r, len(queries),
+                     point.get("accuracy", math.nan), point.get("return_spearman", math.nan),
+                     f"; on the learner's own held-out episodes {point['policy_accuracy']:.3f}, "
+                     f"{point['policy_return_spearman']:.3f}" if "policy_accuracy" in point else "")
             if queries:
                 model.save(run_dir / "reward.pt")
     finally:
