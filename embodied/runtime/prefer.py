@@ -860,7 +860,7 @@ def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
         if not p.is_file():
             raise FileNotFoundError(f"{p} does not exist: give directories of finished `embodied prefer` runs")
         m = json.loads(p.read_text())
-        groups.setdefault(f"{m['teacher']} ({m['task']})", []).append(m)
+        groups.setdefault(f"{m['teacher']} ({m['task']}, {m.get('learner', 'ranking')})", []).append(m)
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     table: dict[str, Any] = {}
     for name, ms in groups.items():
@@ -890,13 +890,13 @@ def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     names = [n for n in table if "success" in table[n]]
-    for j, (key, label) in enumerate((("success_before", "before (random candidate)"),
+    for j, (key, label) in enumerate((("success_before", "before"),
                                       ("success_learned", "learned reward"),
                                       ("success_ground_truth", "ground-truth reward"))):
         axes[2].bar(np.arange(len(names)) + (j - 1) * 0.27, [table[n]["success"][key] for n in names], 0.27,
                     label=label)
     axes[2].set_xticks(np.arange(len(names)), names, rotation=20, ha="right", fontsize=8)
-    axes[2].set_title("success of the ranking learner (same trajectories)")
+    axes[2].set_title("learner's success: before, learned reward, ground truth (same env steps)", fontsize=9)
     axes[2].set_ylim(0, 1.05)
     axes[2].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
