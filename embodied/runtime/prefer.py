@@ -3,7 +3,7 @@
     embodied prefer task=press-button teacher=oracle                   # simulated teacher (B-Pref presets)
     embodied prefer task=press-button teacher=mistake labels=labels/pb  # reuse and extend a label store
     embodied prefer task=press-button teacher=human budget=40           # a person, on the label page
-    embodied prefer task=press-button teacher=vlm vlm_reward=clip vlm_settings={checkpoint:RUN/reward} abstain=0.02
+    embodied prefer task=press-button teacher=vlm vlm_reward=clip +vlm_settings.checkpoint=RUN/reward abstain=0.02
     embodied prefer task=reach learner=steer checkpoint=RUN/checkpoints/step_0000400 steer_env_steps=10000
     embodied prefer task=press-button learner=pebble pebble_unsup_steps=1000       # PEBBLE on SB3 SAC
     embodied prefer eval task=press-button reward_path=outputs/prefer/.../reward.pt
@@ -71,7 +71,7 @@ class PreferConfig:
     skip: Optional[float] = None  # ... its skip threshold (fraction of the segment-return margin)
     equal: Optional[float] = None  # ... its equal threshold (fraction of the margin)
     vlm_reward: str = ""  # teacher=vlm: a rewards.registry name (clip) or "module:factory" of a frame RewardModel
-    vlm_settings: dict[str, Any] = field(default_factory=dict)  # teacher=vlm: its settings, e.g. {checkpoint: DIR}
+    vlm_settings: dict[str, Any] = field(default_factory=dict)  # teacher=vlm: its settings (+vlm_settings.checkpoint=DIR)
     abstain: float = 0.0  # teacher=vlm: skip when the two clips' scores differ by less than this
     labels: str = ""  # label store directory (reused and extended); default <run dir>/labels
     labels_on_malformed: str = "raise"  # raise (name each bad line) | quarantine (move them aside)
@@ -785,8 +785,8 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
                     agree[1] += 1
             queries, targets = store.training_set(frames=cfg.reward.input == "image")
             fit = model.train(queries, targets) if queries else {}
-            learner.improve(model)
-            point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit,
+            improved = learner.improve(model) or {}
+            point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit, **improved,
                      "teacher_accuracy": agree[0] / agree[1] if agree[1] else None,
                      **(reward_quality(model, hpairs, htargets, heldout) if queries else {}),
                      **({f"policy_{k}": v for k, v in reward_quality(model, opairs, otargets, own).items()}
