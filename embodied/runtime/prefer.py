@@ -71,7 +71,7 @@ class PreferConfig:
     skip: Optional[float] = None  # ... its skip threshold (fraction of the segment-return margin)
     equal: Optional[float] = None  # ... its equal threshold (fraction of the margin)
     vlm_reward: str = ""  # teacher=vlm: a rewards.registry name (clip) or "module:factory" of a frame RewardModel
-    vlm_settings: dict[str, Any] = field(default_factory=dict)  # teacher=vlm: its settings (+vlm_settings.checkpoint=DIR)
+    vlm_settings: dict[str, Any] = field(default_factory=dict)  # teacher=vlm: +vlm_settings.checkpoint=DIR
     abstain: float = 0.0  # teacher=vlm: skip when the two clips' scores differ by less than this
     labels: str = ""  # label store directory (reused and extended); default <run dir>/labels
     labels_on_malformed: str = "raise"  # raise (name each bad line) | quarantine (move them aside)
