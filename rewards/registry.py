@@ -16,6 +16,7 @@ from embodied.core.reward import RewardModel
 
 REWARDS: dict[str, str] = {
     "clip": "rewards.vlm.model:reward_from_settings",
+    "prefer": "rewards.preference.model:reward_from_settings",  # a reward learned by `embodied prefer`
 }
 
 

@@ -24,7 +24,7 @@ def main(cfg: PreferConfig) -> dict[str, Any]:
         metrics = plot_runs(cfg.runs, Path(cfg.out) if cfg.out else out / "curve.png")
         log.info("figure: %s", metrics["figure"])
     elif cfg.action == "eval":
-        metrics = evaluate_reward(cfg)
+        metrics = evaluate_reward(cfg, out)
         log.info("held-out accuracy %.3f, ECE %.3f, return Spearman %.3f; success %s", metrics["accuracy"],
                  metrics["ece"], metrics["return_spearman"], metrics["policy"])
     else:

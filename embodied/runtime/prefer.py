@@ -3,8 +3,15 @@
     embodied prefer task=press-button teacher=oracle                   # simulated teacher (B-Pref presets)
     embodied prefer task=press-button teacher=mistake labels=labels/pb  # reuse and extend a label store
     embodied prefer task=press-button teacher=human budget=40           # a person, on the label page
+    embodied prefer task=press-button teacher=vlm vlm_reward=clip +vlm_settings.checkpoint=RUN/reward abstain=0.02
+    embodied prefer task=reach learner=steer checkpoint=RUN/checkpoints/step_0000400 steer_env_steps=10000
+    embodied prefer task=press-button learner=pebble pebble_unsup_steps=1000       # PEBBLE on SB3 SAC
     embodied prefer eval task=press-button reward_path=outputs/prefer/.../reward.pt
     embodied prefer plot runs=[outputs/prefer/a,outputs/prefer/b] out=curve.png
+
+Learners (``LEARNERS``): ``ranking`` selects the best of K scripted candidate trajectories by the
+learned reward (no policy is trained); ``steer`` trains a policy by latent-noise steering of a
+checkpoint (``SteerLearner``); ``pebble`` is PEBBLE on SAC in raw action space (``PebbleLearner``).
 
 One round (PEBBLE's loop, with the learner behind ``Learner``):
   1. the learner rolls out episodes (with its current reward) -> trajectories join the pool;
@@ -28,12 +35,14 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+import gymnasium as gym
 import numpy as np
 
+from embodied.core.policy import check_chunk
 from embodied.core.registry import get_task, make_env
 from embodied.core.reward import RewardModel
 from rewards.preference import metrics as M
@@ -61,7 +70,8 @@ class PreferConfig:
     eps: Optional[float] = None  # ... its mistake probability
     skip: Optional[float] = None  # ... its skip threshold (fraction of the segment-return margin)
     equal: Optional[float] = None  # ... its equal threshold (fraction of the margin)
-    vlm_reward: str = ""  # teacher=vlm: "module:factory" returning a RewardModel that reads frames
+    vlm_reward: str = ""  # teacher=vlm: a rewards.registry name (clip) or "module:factory" of a frame RewardModel
+    vlm_settings: dict[str, Any] = field(default_factory=dict)  # teacher=vlm: +vlm_settings.checkpoint=DIR
     abstain: float = 0.0  # teacher=vlm: skip when the two clips' scores differ by less than this
     labels: str = ""  # label store directory (reused and extended); default <run dir>/labels
     labels_on_malformed: str = "raise"  # raise (name each bad line) | quarantine (move them aside)
@@ -73,13 +83,24 @@ class PreferConfig:
     segment_length: int = 25  # steps per segment
     episodes_per_round: int = 3  # learner episodes per round (the ranking learner plays each with every candidate)
     reward: RewardConfig = field(default_factory=RewardConfig)
-    learner: str = "ranking"
+    learner: str = "ranking"  # ranking (best-of-K selection) | steer (latent-noise steering of a checkpoint)
     candidates: int = 8  # ranking learner: behaviours per episode
+    checkpoint: str = ""  # learner=steer: the flow/diffusion checkpoint of `embodied train` to steer
+    steer_env_steps: int = 10_000  # learner=steer: env steps of steering, with the learned and the ground-truth reward
+    steer_ground_truth: str = "sparse"  # learner=steer: the ground-truth reward it is compared with (sparse | dense)
+    steer_reference: str = ""  # learner=steer: a finished ground-truth `embodied steer` run to reuse (same settings)
+    steer_eval_every: int = 2500  # learner=steer: env steps between evaluations of the curve
+    steer: dict[str, Any] = field(default_factory=lambda: {"utd": 2})  # learner=steer: SteerConfig fields
+    pebble_unsup_steps: int = 1000  # learner=pebble: env steps of unsupervised pre-training (state entropy)
+    pebble_knn: int = 5  # learner=pebble: k of the k-NN particle entropy estimate
+    pebble_ground_truth: str = "dense"  # learner=pebble: the reward of the SAC it is compared with (dense | sparse)
+    pebble_learning_starts: int = 500  # learner=pebble: SAC's random-action steps before its first update
     heldout_episodes: int = 10
     heldout_pairs: int = 400
     eval_episodes: int = 30
     render: bool = False  # record frames (forced on for the vlm and human teachers and image rewards)
-    render_size: int = 64
+    render_size: int = 64  # side of recorded frames (teacher=vlm: the reward's own, when it says)
+    render_camera: str = ""  # camera of recorded frames (default: the task's; teacher=vlm: the reward's own)
     port: int = 8765  # teacher=human: the label page's port (loopback)
     seed: int = 0
     reward_path: str = ""  # action=eval: a reward written by `embodied prefer` (reward.pt)
@@ -99,14 +120,35 @@ class PreferConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.budget < 0 or self.seed < 0:
             raise ValueError(f"budget and seed must be >= 0, got budget={self.budget}, seed={self.seed}")
-        if self.teacher == "vlm" and ":" not in self.vlm_reward:
-            raise ValueError("teacher=vlm needs vlm_reward=module:factory (a callable returning a frame RewardModel)")
+        if self.teacher == "vlm" and not self.vlm_reward:
+            from rewards.registry import REWARDS
+
+            raise ValueError(f"teacher=vlm needs vlm_reward=NAME (one of {sorted(REWARDS)}, with vlm_settings="
+                             "{checkpoint:DIR}) or vlm_reward=module:factory (a callable returning a frame "
+                             "RewardModel)")
         if self.action == "eval" and not self.reward_path:
             raise ValueError("`embodied prefer eval` needs reward_path=PATH (the reward.pt of a prefer run)")
         if self.action == "plot" and not self.runs:
             raise ValueError("`embodied prefer plot` needs runs=[DIR,...] (prefer run directories)")
         if isinstance(self.reward, dict):
             self.reward = RewardConfig(**self.reward)
+        if self.learner == "steer":
+            if not self.checkpoint:
+                raise ValueError("learner=steer needs checkpoint=RUN/checkpoint (a flow or diffusion policy of "
+                                 "`embodied train`)")
+            check_choice("steer_ground_truth", self.steer_ground_truth, ("sparse", "dense"))
+            if self.steer_env_steps < 1 or self.steer_eval_every < 0:
+                raise ValueError(f"steer_env_steps must be >= 1 and steer_eval_every >= 0, got "
+                                 f"{self.steer_env_steps}, {self.steer_eval_every}")
+        if self.learner == "pebble":
+            check_choice("pebble_ground_truth", self.pebble_ground_truth, ("sparse", "dense"))
+            if self.pebble_unsup_steps < 0 or self.pebble_knn < 1 or self.pebble_learning_starts < 0:
+                raise ValueError(f"pebble_unsup_steps and pebble_learning_starts must be >= 0 and pebble_knn >= 1, got "
+                                 f"{self.pebble_unsup_steps}, {self.pebble_learning_starts}, {self.pebble_knn}")
+        if self.learner in ("steer", "pebble"):
+            if self.reward.input != "state":
+                raise ValueError(f"learner={self.learner} learns with a state reward (the privileged state of each "
+                                 f"step): reward.input must be 'state', got {self.reward.input!r}")
 
     @property
     def needs_frames(self) -> bool:
@@ -114,16 +156,17 @@ class PreferConfig:
 
 
 # ------------------------------------------------------------------ trajectories
-def rollout(env: Any, seed: int, act: Callable[[Any, np.random.Generator], np.ndarray], frames: bool,
+def rollout(env: Any, seed: int, act: Callable[[Any, np.random.Generator, Any], np.ndarray], frames: bool,
             info: dict[str, Any]) -> tuple[Trajectory, int]:
-    """One episode with ``act(env, rng) -> action``; returns it padded to the time limit, and its real steps."""
+    """One episode with ``act(env.unwrapped, rng, obs) -> action``; returns it padded to the time
+    limit, and its real steps."""
     obs, inf = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     u = env.unwrapped
     states, actions, rewards, imgs = [], [], [], []
     success, steps = bool(inf["success"]), 0
     for _ in range(u.max_episode_steps):
-        a = np.asarray(act(u, rng), np.float32)
+        a = np.asarray(act(u, rng, obs), np.float32)
         states.append(u.privileged_state())
         if frames:
             imgs.append(env.render())
@@ -144,13 +187,13 @@ def rollout(env: Any, seed: int, act: Callable[[Any, np.random.Generator], np.nd
     return traj, steps
 
 
-def candidate_behaviour(seed: int, k: int, action_dim: int) -> Callable[[Any, np.random.Generator], np.ndarray]:
+def candidate_behaviour(seed: int, k: int, action_dim: int) -> Callable[[Any, np.random.Generator, Any], np.ndarray]:
     """Behaviour k of episode ``seed``: the scripted expert with probability p, else a fixed random
     push (plus noise); p and the push are drawn per (seed, k), so candidates range from expert to aimless."""
     r = np.random.default_rng([seed, k, 7])
     p, push = float(r.uniform(0.0, 1.0)), r.uniform(-1.0, 1.0, action_dim)
 
-    def act(u: Any, rng: np.random.Generator) -> np.ndarray:
+    def act(u: Any, rng: np.random.Generator, obs: Any = None) -> np.ndarray:
         if rng.random() < p:
             return np.clip(u.expert_action(), -1, 1)
         return np.clip(push + 0.3 * rng.normal(size=action_dim), -1, 1)
@@ -167,18 +210,33 @@ def trajectory_return(reward: RewardModel, t: Trajectory) -> float:
     return float(np.sum(reward(frames, states if "states" in reward.inputs else None, t.instruction).reward))
 
 
+def frame_env(task: str, frames: bool, size: int, camera: str = "", **kw: Any) -> Any:
+    """``make_env(task, **kw)`` whose ``render()`` gives (size, size) frames of ``camera`` (default:
+    the task's render camera) when ``frames``; the same pixels as that camera's observation images
+    at that size, which is what a camera-fitted reward (the VLM teacher's) reads."""
+    if frames:
+        kw.update(render_mode="rgb_array", render_size=size)
+    env = make_env(task, **kw)
+    if frames and camera:
+        u = env.unwrapped
+        valid = [u.model.camera(i).name for i in range(u.model.ncam)]
+        if camera not in valid:
+            raise ValueError(f"render_camera={camera!r} is not a camera of task {task!r}; its cameras: {valid}")
+        u.render_camera = camera
+    return env
+
+
 # ----------------------------------------------------------------------- learners
 class Learner(Protocol):
     """What improves a policy with a reward, registered by name in ``LEARNERS``.
 
-    The steering learner (latent-noise steering of a demonstration-trained policy: SB3 SAC on the
-    initial noise w) is meant to implement the same three calls: ``rollout`` plays the steered
-    policy and returns its episodes (states, actions, ground-truth rewards, frames when asked);
-    ``improve`` runs SAC steps on w with ``reward`` (any ``RewardModel``, read through the
-    contract only); ``evaluate`` compares the policy steered with the learned reward to one
-    steered with the ground-truth reward for the same number of env steps. ``evaluate`` returns
-    at least ``success_learned``, ``success_ground_truth``, ``success_before``, ``episodes`` and
-    ``env_steps``.
+    ``rollout`` plays the learner's policy and returns its episodes (privileged states, actions,
+    ground-truth rewards, frames when asked); ``improve`` updates it with ``reward`` (any
+    ``RewardModel``, read through the contract only); ``evaluate`` compares the policy improved
+    with the learned reward to one improved with the ground-truth reward for the same number of
+    env steps. ``evaluate`` returns at least ``success_learned``, ``success_ground_truth``,
+    ``success_before``, ``episodes`` and ``env_steps``. A learner with an ``out`` attribute gets
+    the run directory there (for what it writes).
     """
 
     env_steps: int  # environment steps taken so far (the x-axis of a fair comparison)
@@ -201,8 +259,8 @@ class RankingLearner:
     changes the ranking. Seeds fix each candidate's episode, so the learned and the ground-truth
     reward rank the very same trajectories (equal env steps)."""
 
-    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int):
-        self.env = make_env(task, render_mode="rgb_array" if frames else None, render_size=render_size)
+    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int, camera: str = ""):
+        self.env = frame_env(task, frames, render_size, camera)
         self.k, self.frames, self.next_seed = candidates, frames, seed
         self.seed, self.env_steps = seed, 0
         self.reward: RewardModel | None = None
@@ -268,7 +326,347 @@ def register_learner(name: str) -> Callable[[LearnerFactory], LearnerFactory]:
 
 @register_learner("ranking")
 def _ranking(cfg: PreferConfig, frames: bool) -> RankingLearner:
-    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size)
+    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size, cfg.render_camera)
+
+
+def policy_behaviour(policy: Any, task: str | None) -> Callable[[Any, np.random.Generator, Any], np.ndarray]:
+    """A trained ``Policy`` as a behaviour for ``rollout`` (chunk by chunk, its own sampler noise);
+    one-hot policies get ``task``. A fresh behaviour per episode."""
+    ep = policy.new_episode()
+
+    def act(u: Any, rng: np.random.Generator, obs: Any) -> np.ndarray:
+        ep.push(policy.observe(ep, obs))
+        if ep.needs_chunk:
+            batch = ep.batch()
+            if task is not None:
+                batch["task"] = [task]
+            ep.fill(check_chunk(policy.predict_chunk(batch), 1)[0])
+        return ep.pop()
+
+    return act
+
+
+class SteerLearner:
+    """Latent-noise steering (DSRL; ``embodied steer``) of a demonstration-trained checkpoint, with
+    the learned reward and, for comparison, with the ground-truth reward.
+
+    Two stages. ``rollout`` plays the checkpoint's own policy (its sampler's noise varies, so do
+    its episodes): queries are cut from what the policy to be improved does. Once the reward is
+    learned, ``evaluate`` steers the checkpoint from scratch for ``steer_env_steps`` env steps with
+    it (``rewards.preference.model:load_reward``: the reward shifted below zero) and, on the same
+    seeds, settings and env steps, with the ground-truth reward (``steer_ground_truth``; or reuses
+    the finished run ``steer_reference``). Each is an ordinary ``embodied steer`` run, written under
+    the prefer run's ``steer_learned/`` and ``steer_ground_truth/`` (metrics, curve, the steered
+    checkpoint). The noise policy trains once, on the final reward, so there is no replay buffer to
+    relabel between reward updates (the PEBBLE learner, ``learner=pebble``, relabels).
+
+    ``env_steps`` counts the query episodes; the steering runs' own env steps are in ``evaluate``'s
+    ``env_steps`` (equal for both rewards).
+    """
+
+    def __init__(self, cfg: PreferConfig, frames: bool):
+        from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
+
+        self.cfg, self.frames = cfg, frames
+        self.policy = load_for_eval(cfg.checkpoint, "cpu")
+        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera,
+                             **policy_env_kwargs(self.policy, [cfg.task]))
+        self.task_arg = cfg.task if self.policy.unwrapped.config.text_encoder == "onehot" else None
+        self.next_seed, self.env_steps = cfg.seed, 0
+        self.out: Path = Path(".")  # set by run_prefer to the run directory
+        self.rounds = 0
+
+    def rollout(self, episodes: int) -> list[Trajectory]:
+        out = []
+        for s in range(self.next_seed, self.next_seed + episodes):
+            t, steps = rollout(self.env, s, policy_behaviour(self.policy, self.task_arg), self.frames,
+                               {"policy": "checkpoint"})
+            self.env_steps += steps
+            out.append(t)
+        self.next_seed += episodes
+        return out
+
+    def improve(self, reward: RewardModel) -> dict[str, Any]:
+        self.rounds += 1  # stage two (steering) runs once, in evaluate, on the final reward
+        return {}
+
+    def heldout(self, episodes: int) -> list[Trajectory]:
+        """Episodes of held-out seeds played by the checkpoint: the distribution the reward steers
+        on (reported as ``policy_*`` beside the candidates' coverage); not counted in env steps."""
+        steps, seed = self.env_steps, self.next_seed
+        self.next_seed = self.cfg.seed + HELDOUT_SEED
+        try:
+            return self.rollout(episodes)
+        finally:
+            self.env_steps, self.next_seed = steps, seed
+
+    def _steer_config(self, reward: str, kwargs: dict[str, Any], episodes: int) -> Any:
+        from embodied.runtime.steer import SteerRunConfig
+        from policies.steering.config import SteerConfig
+
+        c = self.cfg
+        return SteerRunConfig(checkpoint=c.checkpoint, task=c.task, reward=reward, reward_kwargs=kwargs,
+                              env_steps=c.steer_env_steps, eval_every=c.steer_eval_every, final_episodes=episodes,
+                              seed=c.seed, videos=0, progress=False, threads=1, steer=SteerConfig(**c.steer))
+
+    def _reference(self, want: Any) -> dict[str, Any] | None:
+        """The metrics of ``steer_reference`` if it is a finished run with the same settings."""
+        import json
+
+        if not self.cfg.steer_reference:
+            return None
+        p = Path(self.cfg.steer_reference) / "metrics.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"steer_reference={self.cfg.steer_reference!r} holds no metrics.json: give the "
+                                    "directory of a finished `embodied steer` run")
+        m = json.loads(p.read_text())
+        mine = {"checkpoint": want.checkpoint, "task": want.task, "reward": want.reward, "seed": want.seed,
+                "final_episodes": want.final_episodes}
+        theirs = {k: m.get(k) for k in mine}
+        steer_cfg = {k: v for k, v in vars(want.steer).items()}
+        steer_cfg["net_arch"] = list(steer_cfg["net_arch"])
+        if theirs != mine or m.get("steer") != steer_cfg or abs(m["env_steps"] - want.env_steps) > 2 * 8:
+            raise ValueError(f"steer_reference={self.cfg.steer_reference!r} was run with other settings "
+                             f"({theirs}, {m['env_steps']} env steps) than this comparison needs ({mine}, "
+                             f"{want.env_steps} env steps, steer={steer_cfg})")
+        return m
+
+    def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
+        from embodied.runtime.steer import steer
+
+        path = self.out / "steer_reward.pt"
+        if not isinstance(reward, PreferenceReward):
+            raise ValueError(f"the steer learner steers with a learned PreferenceReward, got {type(reward).__name__}")
+        reward.save(path)
+        learned = steer(self._steer_config("rewards.preference.model:load_reward", {"path": str(path)}, episodes),
+                        self.out / "steer_learned")
+        gt_cfg = self._steer_config(self.cfg.steer_ground_truth, {}, episodes)
+        truth = self._reference(gt_cfg) or steer(gt_cfg, self.out / "steer_ground_truth")
+        out = {"success_learned": learned["success_after"], "success_ground_truth": truth["success_after"],
+               "success_before": learned["success_before"], "heldout_learned": learned["heldout_after"],
+               "heldout_ground_truth": truth["heldout_after"], "episodes": episodes,
+               "env_steps": learned["env_steps"], "env_steps_ground_truth": truth["env_steps"],
+               "query_env_steps": self.env_steps, "ground_truth": self.cfg.steer_ground_truth,
+               "curve_learned": learned["curve"], "curve_ground_truth": truth["curve"],
+               "steer_learned": str(self.out / "steer_learned"),
+               "steer_ground_truth": self.cfg.steer_reference or str(self.out / "steer_ground_truth")}
+        gt = out["success_ground_truth"]
+        out["ratio"] = out["success_learned"] / gt if gt else None
+        return out
+
+
+@register_learner("steer")
+def _steer(cfg: PreferConfig, frames: bool) -> SteerLearner:
+    return SteerLearner(cfg, frames)
+
+
+# ------------------------------------------------------------------- PEBBLE on SAC
+def knn_entropy_reward(x: np.ndarray, k: int) -> np.ndarray:
+    """PEBBLE's state-entropy bonus of each row of ``x`` (B, D): log(1 + distance to its k-th
+    nearest other row), the particle estimate of the states' entropy up to constants."""
+    d = np.linalg.norm(x[:, None, :] - x[None], axis=-1)
+    k = min(k, len(x) - 1)
+    return np.log1p(np.partition(d, k, axis=1)[:, k]).astype(np.float32)  # column 0 is the row itself
+
+
+def _relabel_buffer_class() -> type:
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    class RelabelBuffer(ReplayBuffer):
+        """SB3's replay buffer whose stored rewards ``relabel`` rewrites in place with a new reward
+        (PEBBLE: after every reward update, the whole buffer), and which hands out the state-entropy
+        bonus of the sampled next states instead while ``intrinsic_k`` > 0 (unsupervised pre-training)."""
+
+        intrinsic_k = 0
+
+        def relabel(self, reward_fn: Callable[[np.ndarray], np.ndarray]) -> int:
+            n = self.buffer_size if self.full else self.pos
+            if n:
+                obs = self.observations[:n].reshape(n * self.n_envs, -1)
+                r = np.concatenate([reward_fn(obs[i:i + 4096]) for i in range(0, len(obs), 4096)])
+                self.rewards[:n] = r.reshape(n, self.n_envs)
+            return n * self.n_envs
+
+        def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> Any:
+            data = super()._get_samples(batch_inds, env)
+            if self.intrinsic_k:
+                r = knn_entropy_reward(data.next_observations.cpu().numpy(), self.intrinsic_k)
+                data = data._replace(rewards=self.to_torch(r.reshape(-1, 1)))
+            return data
+
+    return RelabelBuffer
+
+
+class StateRewardEnv(gym.Wrapper):
+    """A task env for SAC in its own action space: observations are the privileged state, the
+    reward of a step is ``reward(the state it was taken in (1, Ds), instruction)`` (0 while it is
+    None), or the task's own (``"dense"``) or success (``"sparse"``). Finished episodes are kept
+    as ``Trajectory`` objects padded as ``rollout`` pads them (``take``)."""
+
+    def __init__(self, env: gym.Env, reward: Any = None, frames: bool = False, record: bool = True):
+        super().__init__(env)
+        n = len(env.unwrapped.privileged_state())
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (n,), np.float32)
+        self.reward, self.frames, self.record = reward, frames, record
+        self.finished: list[Trajectory] = []
+        self.steps = 0
+        self._ep: dict[str, Any] = {}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        _, info = self.env.reset(seed=seed, options=options)
+        self._ep = {"states": [], "actions": [], "rewards": [], "frames": [], "success": bool(info["success"]),
+                    "seed": seed}
+        return self.env.unwrapped.privileged_state(), info
+
+    def step(self, action: Any):
+        u = self.env.unwrapped
+        s = u.privileged_state()
+        frame = self.env.render() if self.record and self.frames else None
+        obs, r_env, term, trunc, info = self.env.step(action)
+        self.steps += 1
+        ok = bool(info["success"])
+        if self.reward == "dense":
+            r = float(r_env)
+        elif self.reward == "sparse":
+            r = float(ok)
+        elif self.reward is None:
+            r = 0.0
+        else:
+            r = float(self.reward(s[None], u.instruction)[0])
+        if self.record:
+            e = self._ep
+            e["states"].append(s)
+            e["actions"].append(np.asarray(action, np.float32))
+            e["rewards"].append(float(r_env))
+            if frame is not None:
+                e["frames"].append(frame)
+            e["success"] = e["success"] or ok
+            if term or trunc:
+                self._finish()
+        return u.privileged_state(), r, term, trunc, info
+
+    def _finish(self) -> None:
+        e, u = self._ep, self.env.unwrapped
+        steps, pad = len(e["actions"]), u.max_episode_steps - len(e["actions"])
+        frames = np.array(e["frames"] + [e["frames"][-1]] * pad, np.uint8) if self.frames else None
+        self.finished.append(Trajectory(np.array(e["states"] + [e["states"][-1]] * pad, np.float32),
+                                        np.array(e["actions"] + [np.zeros_like(e["actions"][-1])] * pad, np.float32),
+                                        np.array(e["rewards"] + [e["rewards"][-1]] * pad, np.float32),
+                                        u.instruction, e["success"], frames,
+                                        {"learner": "pebble", "seed": e["seed"], "steps": steps}))
+
+    def take(self) -> list[Trajectory]:
+        """The episodes finished since the last call."""
+        out, self.finished = self.finished, []
+        return out
+
+
+class PebbleLearner:
+    """PEBBLE (Lee et al. 2021) on stable-baselines3 SAC in the task's raw action space.
+
+    Round 0's ``rollout`` first pre-trains without reward for ``pebble_unsup_steps`` env steps,
+    SAC maximising the k-NN particle estimate of its states' entropy (``knn_entropy_reward`` of
+    the sampled next states), then plays ``episodes`` episodes; later rounds play ``episodes``
+    episodes with the current learned reward (SAC keeps learning all along). Queries come from
+    those episodes. ``improve`` relabels every transition of the replay buffer with the new
+    reward (shifted below zero, as ``load_reward`` does) and gives it to the env for new steps.
+    ``evaluate`` compares the deterministic SAC policy with one SAC trained from scratch on the
+    ground-truth reward (``pebble_ground_truth``) for the same env steps and seed, on held-out
+    seeds; ``success_before`` is the untrained policy's.
+    """
+
+    def __init__(self, cfg: PreferConfig, frames: bool):
+        self.cfg, self.frames = cfg, frames
+        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera)
+        self.wrapped = StateRewardEnv(self.env, None, frames)
+        self.model = self._sac(self.wrapped)
+        self.model.replay_buffer.intrinsic_k = cfg.pebble_knn if cfg.pebble_unsup_steps else 0
+        self.pretrained = cfg.pebble_unsup_steps == 0
+        self.success_before = None
+        self.updates = 0
+
+    @property
+    def env_steps(self) -> int:
+        return self.wrapped.steps
+
+    def _sac(self, env: Any) -> Any:
+        from stable_baselines3 import SAC
+
+        return SAC("MlpPolicy", env, replay_buffer_class=_relabel_buffer_class(),
+                   learning_starts=self.cfg.pebble_learning_starts, seed=self.cfg.seed, device="cpu", verbose=0)
+
+    def _learn(self, model: Any, steps: int = 0, episodes: int = 0) -> None:
+        """SAC for ``steps`` env steps, or until ``episodes`` more episodes have ended."""
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        class Stop(BaseCallback):
+            ended = 0
+
+            def _on_step(self) -> bool:  # SB3 stores a step only after this returns True
+                if episodes and self.ended >= episodes:
+                    return False  # the step that opened the next episode: dropped, and that episode restarted below
+                self.ended += int(np.sum(self.locals["dones"]))
+                return True
+
+        limit = steps or (episodes + 1) * self.env.unwrapped.max_episode_steps
+        model.learn(limit, callback=Stop(), reset_num_timesteps=False, progress_bar=False)
+        if episodes:
+            model._last_obs = model.env.reset()
+
+    def rollout(self, episodes: int) -> list[Trajectory]:
+        if self.success_before is None:
+            self.success_before = self._success(self.model, self.cfg.eval_episodes)
+        if not self.pretrained:
+            self._learn(self.model, steps=self.cfg.pebble_unsup_steps)
+            self.pretrained = True
+        self._learn(self.model, episodes=episodes)
+        return self.wrapped.take()
+
+    def improve(self, reward: RewardModel) -> dict[str, Any]:
+        top = float(reward.reward_range[1])
+
+        def fn(states: np.ndarray, instruction: str | None = None) -> np.ndarray:
+            return reward(None, states, instruction or self.env.unwrapped.instruction).reward - top
+
+        buf = self.model.replay_buffer
+        buf.intrinsic_k = 0  # pre-training is over once there is a learned reward
+        self.wrapped.reward = fn
+        n = buf.relabel(fn)
+        self.updates += 1
+        return {"relabelled": n}
+
+    def _success(self, model: Any, episodes: int) -> float:
+        env = StateRewardEnv(frame_env(self.cfg.task, False, 0), "sparse", record=False)
+        base, wins = self.cfg.seed + 2 * HELDOUT_SEED, 0
+        for k in range(episodes):
+            obs, info = env.reset(seed=base + k)
+            ok = bool(info["success"])
+            for _ in range(env.unwrapped.max_episode_steps):
+                a, _ = model.predict(obs, deterministic=True)
+                obs, _, term, trunc, info = env.step(a)
+                ok = ok or bool(info["success"])
+                if term or trunc:
+                    break
+            wins += ok
+        env.close()
+        return wins / episodes
+
+    def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
+        gt_env = StateRewardEnv(frame_env(self.cfg.task, False, 0), self.cfg.pebble_ground_truth, record=False)
+        gt = self._sac(gt_env)
+        self._learn(gt, steps=self.env_steps)
+        out = {"success_learned": self._success(self.model, episodes),
+               "success_ground_truth": self._success(gt, episodes),
+               "success_before": self.success_before, "episodes": episodes, "env_steps": self.env_steps,
+               "env_steps_ground_truth": gt_env.steps, "ground_truth": self.cfg.pebble_ground_truth,
+               "unsupervised_steps": self.cfg.pebble_unsup_steps, "reward_updates": self.updates}
+        out["ratio"] = out["success_learned"] / out["success_ground_truth"] if out["success_ground_truth"] else None
+        return out
+
+
+@register_learner("pebble")
+def _pebble(cfg: PreferConfig, frames: bool) -> PebbleLearner:
+    return PebbleLearner(cfg, frames)
 
 
 # ---------------------------------------------------------------- reward quality
@@ -288,17 +686,32 @@ def reward_quality(model: PreferenceReward, pairs: Sequence[Query], targets: np.
 
 
 # ------------------------------------------------------------------------ teachers
-def make_teacher(cfg: PreferConfig, margin: float, server: Any = None) -> Teacher:
-    if cfg.teacher in PRESETS:
-        return make_simulated(cfg.teacher, margin, cfg.seed, beta=cfg.beta, gamma=cfg.gamma, eps=cfg.eps,
-                              skip=cfg.skip, equal=cfg.equal)
-    if cfg.teacher == "vlm":
+def load_vlm(cfg: PreferConfig) -> RewardModel:
+    """The VLM teacher's reward: a ``rewards.registry`` name with ``vlm_settings``, or
+    ``module:factory`` called with them; it must read frames and may score ``cfg.task``'s suite."""
+    if ":" in cfg.vlm_reward:
         module, _, attr = cfg.vlm_reward.partition(":")
         try:
             factory = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"vlm_reward={cfg.vlm_reward!r} cannot be loaded: {e}") from None
-        return RewardModelTeacher(factory(), cfg.abstain)
+        model = factory(**cfg.vlm_settings)
+    else:
+        from rewards.registry import make_reward
+
+        model = make_reward({"name": cfg.vlm_reward, **cfg.vlm_settings})
+    if not isinstance(model, RewardModel):
+        raise ValueError(f"vlm_reward={cfg.vlm_reward!r} gave a {type(model).__name__}, not a RewardModel")
+    model.check_suite(get_task(cfg.task).suite)
+    return model
+
+
+def make_teacher(cfg: PreferConfig, margin: float, server: Any = None, vlm: RewardModel | None = None) -> Teacher:
+    if cfg.teacher in PRESETS:
+        return make_simulated(cfg.teacher, margin, cfg.seed, beta=cfg.beta, gamma=cfg.gamma, eps=cfg.eps,
+                              skip=cfg.skip, equal=cfg.equal)
+    if cfg.teacher == "vlm":
+        return RewardModelTeacher(vlm if vlm is not None else load_vlm(cfg), cfg.abstain)
     from rewards.preference.server import HumanTeacher
 
     return HumanTeacher(server)
@@ -311,8 +724,13 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     if cfg.segment_length > spec.max_episode_steps:
         raise ValueError(f"segment_length={cfg.segment_length} is longer than {cfg.task}'s episodes "
                          f"({spec.max_episode_steps} steps)")
+    vlm = load_vlm(cfg) if cfg.teacher == "vlm" else None
+    if vlm is not None:  # record the frames the VLM reads: its camera, its side
+        cfg = replace(cfg, render_size=vlm.image_size or cfg.render_size, render_camera=vlm.camera or cfg.render_camera)
     frames = cfg.needs_frames
     learner = LEARNERS[cfg.learner](cfg, frames)
+    if hasattr(learner, "out"):
+        learner.out = run_dir
     coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
     env = coverage.env.unwrapped
     ds, da = len(env.privileged_state()), env.action_space.shape[0]
@@ -323,6 +741,10 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     heldout = coverage.heldout(cfg.heldout_episodes)
     hpairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
     htargets = oracle_targets(hpairs)
+    own = learner.heldout(cfg.heldout_episodes) if coverage is not learner and hasattr(learner, "heldout") else []
+    opairs = (sample_pairs(own, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 2))
+              if own else [])
+    otargets = oracle_targets(opairs)
     model = PreferenceReward(cfg.reward, ds, da, cfg.seed)
     server = None
     if cfg.teacher == "human":
@@ -345,7 +767,7 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             pool += learner.rollout(cfg.episodes_per_round)
             if teacher is None:  # B-Pref's margin: mean episode return scaled to a segment
                 margin = float(np.mean([t.ret for t in pool])) * cfg.segment_length / spec.max_episode_steps
-                teacher = make_teacher(cfg, margin, server)
+                teacher = make_teacher(cfg, margin, server, vlm)
             asked = [store.query(q, frames) for q in store.pending()]  # posed by an interrupted run: answer them first
             if n:
                 cands = sample_pairs(pool, n * cfg.oversample, cfg.segment_length, rng)
@@ -363,14 +785,18 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
                     agree[1] += 1
             queries, targets = store.training_set(frames=cfg.reward.input == "image")
             fit = model.train(queries, targets) if queries else {}
-            learner.improve(model)
-            point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit,
+            improved = learner.improve(model) or {}
+            point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit, **improved,
                      "teacher_accuracy": agree[0] / agree[1] if agree[1] else None,
                      **(reward_quality(model, hpairs, htargets, heldout) if queries else {}),
+                     **({f"policy_{k}": v for k, v in reward_quality(model, opairs, otargets, own).items()}
+                        if queries and own else {}),
                      "env_steps": learner.env_steps}
             curve.append(point)
-            log.info("round %d: %d labels, held-out accuracy %.3f, return Spearman %.3f", r, len(queries),
-                     point.get("accuracy", math.nan), point.get("return_spearman", math.nan))
+            log.info("round %d: %d labels, held-out accuracy %.3f, return Spearman %.3f%s", r, len(queries),
+                     point.get("accuracy", math.nan), point.get("return_spearman", math.nan),
+                     f"; on the learner's own held-out episodes {point['policy_accuracy']:.3f}, "
+                     f"{point['policy_return_spearman']:.3f}" if "policy_accuracy" in point else "")
             if queries:
                 model.save(run_dir / "reward.pt")
     finally:
@@ -387,12 +813,15 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             "final": curve[-1] if curve else {}, "policy": final, "config": asdict(cfg)}
 
 
-def evaluate_reward(cfg: PreferConfig) -> dict[str, Any]:
+def evaluate_reward(cfg: PreferConfig, run_dir: Path | None = None) -> dict[str, Any]:
     """``embodied prefer eval``: held-out quality of a saved reward, its stored labels' accuracy
-    (``labels=PATH``, e.g. a person's) and the ranking learner's success with it."""
+    (``labels=PATH``, e.g. a person's) and the learner's success with it (``learner=steer``:
+    steering runs under ``run_dir``)."""
     model = PreferenceReward.load(cfg.reward_path)
     frames = model.cfg.input == "image"
     learner = LEARNERS[cfg.learner](cfg, frames)
+    if hasattr(learner, "out"):
+        learner.out = Path(run_dir or ".")
     coverage = learner if isinstance(learner, RankingLearner) else _ranking(cfg, frames)
     env = coverage.env.unwrapped
     if len(env.privileged_state()) != model.state_dim:
@@ -431,7 +860,7 @@ def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
         if not p.is_file():
             raise FileNotFoundError(f"{p} does not exist: give directories of finished `embodied prefer` runs")
         m = json.loads(p.read_text())
-        groups.setdefault(f"{m['teacher']} ({m['task']})", []).append(m)
+        groups.setdefault(f"{m['teacher']} ({m['task']}, {m.get('learner', 'ranking')})", []).append(m)
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     table: dict[str, Any] = {}
     for name, ms in groups.items():
@@ -461,13 +890,13 @@ def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     names = [n for n in table if "success" in table[n]]
-    for j, (key, label) in enumerate((("success_before", "before (random candidate)"),
+    for j, (key, label) in enumerate((("success_before", "before"),
                                       ("success_learned", "learned reward"),
                                       ("success_ground_truth", "ground-truth reward"))):
         axes[2].bar(np.arange(len(names)) + (j - 1) * 0.27, [table[n]["success"][key] for n in names], 0.27,
                     label=label)
     axes[2].set_xticks(np.arange(len(names)), names, rotation=20, ha="right", fontsize=8)
-    axes[2].set_title("success of the ranking learner (same trajectories)")
+    axes[2].set_title("learner's success: before, learned reward, ground truth (same env steps)", fontsize=9)
     axes[2].set_ylim(0, 1.05)
     axes[2].legend(fontsize=8, loc="lower right")
     fig.tight_layout()

@@ -13,7 +13,8 @@ and ``reward_terms`` of the reward source. The history is the one ``Policy.act``
 Reward sources (``make_reward``): ``"sparse"`` (1 on a step whose ``info["success"]``
 is true; the tasks terminate on success), ``"dense"`` (the task's shaped reward) or any
 ``embodied.core.reward.RewardModel`` (its frames come from ``env.render()``, so build the
-env with ``render_mode="rgb_array"`` for a model that reads frames).
+env with ``render_mode="rgb_array"`` for a model that reads frames; its states are the
+task's privileged state, ``env.unwrapped.privileged_state()``, as the contract says).
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ class ModelReward(RewardSource):
                 raise ValueError(f"reward model {self.name} reads frames but env.render() returned None: build the "
                                  "env with render_mode='rgb_array'")
             frames = np.asarray(frame, np.uint8)[None]
-        if "states" in self.model.inputs:
-            states = np.asarray(obs["state"], np.float32).reshape(1, -1)
+        if "states" in self.model.inputs:  # the contract's states: the task's privileged state, as banks record
+            u = env.unwrapped
+            state = u.privileged_state() if hasattr(u, "privileged_state") else obs["state"]
+            states = np.asarray(state, np.float32).reshape(1, -1)
         out = self.model(frames, states, str(obs["instruction"]))
         return float(out.reward[0]), {k: float(v[0]) for k, v in out.terms.items()}
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -126,6 +125,7 @@ class PreferenceReward(RewardModel):
         self.std = torch.ones(self.in_dim)
         self.rng = np.random.default_rng(seed)
         self.labels_seen = 0
+        self.shift = 0.0  # subtracted from every reward (``load_reward``); preferences are blind to it
 
     # ------------------------------------------------------------------ inputs
     def _steps(self, queries: Sequence[Query], side: str) -> np.ndarray:
@@ -192,7 +192,7 @@ class PreferenceReward(RewardModel):
         with torch.no_grad():
             xt, tt = self._prep(np.asarray(x)), self._text(texts)
             r = torch.stack([m(xt, tt) for m in self.members]).numpy()
-        return RewardOutput(r.mean(0), {"ensemble_std": r.std(0)})
+        return RewardOutput(r.mean(0) - self.shift, {"ensemble_std": r.std(0)})
 
     # ---------------------------------------------------------------- training
     def train(self, queries: Sequence[Query], targets: Sequence[float], epochs: int | None = None
@@ -267,3 +267,44 @@ class PreferenceReward(RewardModel):
             raise ValueError(f"learned reward {path} is damaged or of another format: {e}") from None
         model.mean, model.std, model.labels_seen = sd["mean"], sd["std"], int(meta.get("labels_seen", 0))
         return model
+
+
+SHIFTS = ("none", "max")
+
+
+def load_reward(path: str | os.PathLike = "", shift: str = "max") -> PreferenceReward:
+    """A learned reward for a policy learner: ``embodied steer reward=rewards.preference.model:load_reward
+    reward_kwargs={path:RUN/reward.pt}`` (or the run directory of `embodied prefer`).
+
+    ``shift="max"`` (default) subtracts the reward's upper bound (tanh: 1), so every step's
+    reward is in (-2, 0): preferences fix a per-step reward only up to a constant, and with a
+    non-positive one an episode that ends on success (the tasks terminate there; value 0
+    afterwards) is never worse than going on — the loop's segments treat success as an
+    absorbing final state, and a positive reward would instead pay the learner to hover
+    near the goal without reaching it. ``shift="none"`` keeps the raw (-1, 1) reward.
+    """
+    if shift not in SHIFTS:
+        raise ValueError(f"shift={shift!r} is not allowed: must be one of {SHIFTS}")
+    if not str(path):
+        raise ValueError("load_reward needs path=PATH: the reward.pt written by `embodied prefer` (or its run "
+                         "directory)")
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "reward.pt").is_file():
+            raise FileNotFoundError(f"{p} holds no reward.pt: give the run directory of `embodied prefer` or its "
+                                    "reward.pt")
+        p = p / "reward.pt"
+    model = PreferenceReward.load(p)
+    if shift == "max":
+        model.shift = float(model.reward_range[1])
+        model.reward_range = (model.reward_range[0] - model.shift, 0.0)
+    return model
+
+
+def reward_from_settings(settings: dict[str, Any]) -> PreferenceReward:
+    """``rewards.registry`` entry ``prefer``: ``embodied reward eval reward=prefer reward.path=RUN/reward.pt``."""
+    known = {"path", "shift"}
+    bad = sorted(set(settings) - known - {"name"})
+    if bad:
+        raise ValueError(f"reward=prefer: unknown setting(s) {bad}; allowed: {sorted(known)}")
+    return load_reward(settings.get("path", ""), settings.get("shift", "none"))
