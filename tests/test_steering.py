@@ -405,3 +405,24 @@ def test_report_ratio_never_rounds_a_lower_bound_up():
     assert format_ratio(None, 30000 / 10006) == "> 2.99x"  # 2.998: not "> 3.0x"
     assert format_ratio(3.0, None) == "3.00x"
     assert format_ratio(None, None) == "–"
+
+
+@pytest.mark.parametrize("override, want", [([], "sparse"), (["reward=dense"], "dense")])
+def test_steer_command_takes_the_task_rewards_from_the_reward_group(override, want):
+    from embodied.commands.app import compose
+    from embodied.runtime.steer import SteerRunConfig
+
+    cfg = compose("steer", SteerRunConfig, ["checkpoint=c", "task=reach", *override])
+    assert cfg.reward == want
+
+
+def test_steer_command_takes_a_learned_reward_by_name_and_refuses_an_unknown_one(tmp_path):
+    from embodied.commands.app import compose
+    from embodied.core.errors import UnknownNameError
+    from embodied.runtime.steer import SteerRunConfig
+
+    cfg = compose("steer", SteerRunConfig, ["checkpoint=c", "task=reach", "reward=prefer",
+                                            f"reward.path={tmp_path / 'reward.pt'}"])
+    assert cfg.reward == {"name": "prefer", "path": str(tmp_path / "reward.pt"), "shift": "none"}
+    with pytest.raises(UnknownNameError, match="shaped"):
+        SteerRunConfig(checkpoint="c", task="reach", reward={"name": "shaped"})

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -39,6 +39,8 @@ from embodied.core.reward import RewardModel
 from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
 from embodied.runtime.evaluate import evaluate, pct, save_videos, write_json
 from policies.steering.config import SteerConfig
+from rewards.registry import REWARDS as REWARD_MODELS
+from rewards.registry import make_reward
 
 log = logging.getLogger("embodied.steer")
 
@@ -52,8 +54,10 @@ class SteerRunConfig:
 
     checkpoint: str = ""  # RUN/checkpoint of `embodied train` (a flow or diffusion policy)
     task: str = ""
-    reward: str = "sparse"  # sparse | dense | module:Class of an embodied.core.reward.RewardModel
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # constructor arguments of that class
+    # the reward: the config group configs/reward/ (reward=sparse|dense|clip|prefer, its settings as
+    # reward.<key>=value), or from Python also "sparse", "dense" or "module:Class" of a RewardModel
+    reward: Any = field(default_factory=lambda: {"name": "sparse"})
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # "module:Class": its constructor arguments
     env_steps: int = 30_000  # environment steps (executed actions) of training, per method
     # steer=sac|td3|ppo|na (config group configs/steer/); any field as steer.<field>=value
     steer: SteerConfig = field(default_factory=SteerConfig)
@@ -91,9 +95,15 @@ class SteerRunConfig:
         bad = [m for m in self.compare if m not in COMPARE]
         if bad:
             raise UnknownNameError("compare method", bad[0], list(COMPARE))
-        if self.reward not in ("sparse", "dense") and ":" not in self.reward:
-            raise ValueError(f"reward={self.reward!r} is not allowed: must be 'sparse', 'dense' or 'module:Class' of a "
-                             "RewardModel")
+        if isinstance(self.reward, Mapping):
+            self.reward = dict(self.reward)
+            if self.reward.get("name") in ("sparse", "dense"):
+                self.reward = str(self.reward["name"])
+            elif self.reward.get("name") not in REWARD_MODELS:
+                raise UnknownNameError("reward", str(self.reward.get("name")), ["sparse", "dense", *REWARD_MODELS])
+        elif not isinstance(self.reward, str) or (self.reward not in ("sparse", "dense") and ":" not in self.reward):
+            raise ValueError(f"reward={self.reward!r} is not allowed: must be 'sparse', 'dense', one of "
+                             f"{list(REWARD_MODELS)} (reward=NAME reward.<key>=value) or 'module:Class' of a RewardModel")
         if not self.splits or any(s not in ("train", "heldout") for s in self.splits):
             raise ValueError(f"splits={self.splits} is not allowed: a non-empty list of 'train', 'heldout'")
 
@@ -141,13 +151,15 @@ class Steering:
             raise ValueError(f"checkpoint {cfg.checkpoint!r} is already steered (it has a steering.json); give the "
                              "checkpoint of `embodied train` it was steered from")
         check_steerable(self.base)
-        self.steer_cfg = cfg.steer
+        # the run's seed reaches the learner too (SB3 also seeds the training envs from it)
+        self.steer_cfg = replace(cfg.steer, seed=cfg.steer.seed + cfg.seed)
         self.space = NoiseSpace.for_policy(self.base, self.steer_cfg)
         self.env_kw = policy_env_kwargs(self.base, [cfg.task])
         self.reward: Any = cfg.reward
         train_kw = dict(self.env_kw, instruction_split="train")
-        if ":" in cfg.reward:
-            self.reward = make_reward_model(cfg.reward, cfg.reward_kwargs)
+        if isinstance(cfg.reward, dict) or ":" in cfg.reward:
+            self.reward = (make_reward(cfg.reward) if isinstance(cfg.reward, dict)
+                           else make_reward_model(cfg.reward, cfg.reward_kwargs))
             if "frames" in self.reward.inputs:
                 train_kw["render_mode"] = "rgb_array"
         self.make_train_env: Callable[[], Any] = partial(make_env, cfg.task, **train_kw)
