@@ -12,6 +12,7 @@ from embodied.core.reward import RewardModel, RewardOutput
 from rewards.preference.model import PreferenceReward, RewardConfig, load_reward
 from rewards.preference.segments import Trajectory, sample_pairs
 from rewards.preference.teachers import make_simulated
+from tiny import reach_checkpoint
 from rewards.preference.store import TARGET
 
 torch.set_num_threads(1)
@@ -95,27 +96,10 @@ def test_steering_gives_a_reward_model_the_privileged_state():
 
 
 # ------------------------------------------------------------- the steer learner
-def reach_checkpoint(path):
-    """An untrained tiny flow policy for ``reach`` (as the steering smoke test's)."""
-    import embodied
-    from policies import make_policy, save_policy
-
-    env = embodied.make_env("reach")
-    obs_spec, act_spec = env.unwrapped.observation_spec, env.unwrapped.action_spec
-    env.close()
-    ds, da = obs_spec.state_dim, act_spec.dim
-    stats = {"state": {"mean": np.zeros(ds), "std": np.ones(ds), "min": -np.ones(ds), "max": np.ones(ds)},
-             "action": {"mean": np.zeros(da), "std": np.ones(da), "min": -np.ones(da), "max": np.ones(da)}}
-    cfg = dict(n_obs_steps=2, horizon=8, n_action_steps=4, state_hidden=32, obs_dim=16, text_dim=16, warmup_steps=0,
-               hidden=64, n_layers=2, time_emb_dim=16, num_inference_steps=3)
-    torch.manual_seed(0)
-    return str(save_policy(make_policy("flow", cfg, obs_spec, act_spec, stats, ["reach"], device="cpu"), path))
-
-
 def steer_prefer_config(tmp_path, **kw):
     from embodied.runtime.prefer import PreferConfig
 
-    base = dict(task="reach", learner="steer", checkpoint=reach_checkpoint(tmp_path / "base"), budget=6, rounds=2,
+    base = dict(task="reach", learner="steer", checkpoint=str(reach_checkpoint(tmp_path / "base")), budget=6, rounds=2,
                 episodes_per_round=2, candidates=2, heldout_episodes=1, heldout_pairs=10, eval_episodes=3,
                 segment_length=10, oversample=2, steer_env_steps=40, reward=RewardConfig(hidden=16, epochs=1,
                                                                                           ensemble=2),

@@ -26,6 +26,7 @@ from policies.steering.env import NoiseEnv, NoiseVecEnv
 from policies.steering.noise import NoiseSpace, NotSteerableError, check_steerable, decode_features, features
 from policies.steering.policy import STEERING_FILE, SteeredPolicy
 from policies.steering.progress import Progress
+from tiny import reach_checkpoint
 
 DS, DA, TO, H, TA = 5, 3, 2, 8, 4
 TINY = dict(n_obs_steps=TO, horizon=H, n_action_steps=TA, state_hidden=32, obs_dim=16, text_dim=16, warmup_steps=0,
@@ -325,21 +326,6 @@ def test_progress_stops_past_the_budget_and_evaluates_on_schedule():
 
 
 # ---- the command ------------------------------------------------------------------------------
-def _reach_checkpoint(path: Path, family: str) -> Path:
-    import embodied
-
-    env = embodied.make_env("reach")
-    obs_spec, act_spec = env.unwrapped.observation_spec, env.unwrapped.action_spec
-    env.close()
-    ds, da = obs_spec.state_dim, act_spec.dim
-    stats = {"state": {"mean": np.zeros(ds), "std": np.ones(ds), "min": -np.ones(ds), "max": np.ones(ds)},
-             "action": {"mean": np.zeros(da), "std": np.ones(da), "min": -np.ones(da), "max": np.ones(da)}}
-    cfg = {k: v for k, v in TINY.items() if family == "flow" or k not in ("time_emb_dim", "num_inference_steps")}
-    torch.manual_seed(0)
-    policy = make_policy(family, cfg, obs_spec, act_spec, stats, ["reach"], device="cpu")
-    return save_policy(policy, path)
-
-
 def embodied(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     r = subprocess.run([sys.executable, "-m", "embodied.cli", *args, "progress=false"], cwd=cwd, capture_output=True,
                        text=True, timeout=900)
@@ -349,7 +335,7 @@ def embodied(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedP
 
 
 def test_steer_command_smoke(tmp_path):
-    ckpt = _reach_checkpoint(tmp_path / "base", "flow")
+    ckpt = reach_checkpoint(tmp_path / "base", "flow")
     run = tmp_path / "steer"
     embodied("steer", f"checkpoint={ckpt}", "task=reach", "env_steps=48", "num_envs=2", "eval_every=24",
              "eval_episodes=1", "final_episodes=1", "videos=1", "steer.batch_size=8", "steer.learning_starts=4",
@@ -370,7 +356,7 @@ def test_steer_command_smoke(tmp_path):
 
 
 def test_steer_command_refuses_the_mlp_floor_and_bad_settings(tmp_path):
-    ckpt = _reach_checkpoint(tmp_path / "mlp", "mlp")
+    ckpt = reach_checkpoint(tmp_path / "mlp", "mlp")
     r = embodied("steer", f"checkpoint={ckpt}", "task=reach", f"hydra.run.dir={tmp_path}/s", cwd=tmp_path, check=False)
     assert r.returncode == 2 and "cannot be steered" in r.stderr and "generative=False" in r.stderr
     r = embodied("steer", f"checkpoint={ckpt}", "task=reach", "steer.bound=0", f"hydra.run.dir={tmp_path}/s",
