@@ -412,3 +412,50 @@ def test_steer_command_takes_a_learned_reward_by_name_and_refuses_an_unknown_one
     assert cfg.reward == {"name": "prefer", "path": str(tmp_path / "reward.pt"), "shift": "none"}
     with pytest.raises(UnknownNameError, match="shaped"):
         SteerRunConfig(checkpoint="c", task="reach", reward={"name": "shaped"})
+
+
+@pytest.mark.parametrize("algo", ["sac", "na"])
+def test_an_actor_takes_back_its_earlier_weights(algo):
+    p = tiny()
+    sp = space(p)
+    cfg = SteerConfig(algo=algo, net_arch=(8,), batch_size=4, learning_starts=2)
+    vec = NoiseVecEnv([lambda: ToyEnv()] * 2, p, sp, reward="dense",
+                      alias_samples=cfg.na_alias_samples if algo == "na" else 0)
+    if algo == "na":
+        from policies.steering.na import NoiseAliasing
+
+        actor = NoiseAliasing(vec, cfg).noise_actor()
+    else:
+        from policies.steering.sb3 import SB3Actor, make_algorithm
+
+        actor = SB3Actor.of(make_algorithm(cfg, vec), cfg)
+    feats = np.random.default_rng(0).normal(size=(5, vec.observation_space.shape[0])).astype(np.float32)
+    before, saved = actor(feats), {k: v.detach().clone() for k, v in actor.tensors().items()}
+    with torch.no_grad():
+        for v in actor.tensors().values():
+            if v.is_floating_point():
+                v.add_(0.5)
+    assert not np.allclose(actor(feats), before)
+    actor.load_tensors(saved)
+    assert np.array_equal(actor(feats), before)
+
+
+def test_select_best_keeps_the_best_validation_point_and_evaluates_on_other_seeds(tmp_path):
+    from embodied.runtime.steer import SteerRunConfig, steer
+
+    ckpt = reach_checkpoint(tmp_path / "base", "flow")
+    cfg = SteerRunConfig(checkpoint=str(ckpt), task="reach", env_steps=48, num_envs=2, eval_every=16,
+                         eval_episodes=2, final_episodes=2, videos=0, select="best", progress=False,
+                         steer=SteerConfig(batch_size=8, learning_starts=4, net_arch=(16, 16)))
+    m = steer(cfg, tmp_path / "run")
+    scores = [np.mean([p["success"], p["heldout"]]) for p in m["curve"]]
+    kept = max(i for i, s in enumerate(scores) if s == max(scores))  # the best; a tie goes to the later
+    assert m["selected_env_steps"] == m["curve"][kept]["env_steps"] and m["select"] == "best"
+    assert m["selected_val_success"] == pytest.approx(scores[kept])
+    assert "select=best" in (tmp_path / "run" / "report.md").read_text()
+    with pytest.raises(ValueError, match="overlaps the held-out seeds"):
+        SteerRunConfig(checkpoint="c", task="reach", select="best", val_seed=100_010)
+    with pytest.raises(ValueError, match="eval_every"):
+        SteerRunConfig(checkpoint="c", task="reach", select="best", eval_every=0)
+    with pytest.raises(ValueError, match="'last' or 'best'"):
+        SteerRunConfig(checkpoint="c", task="reach", select="first")

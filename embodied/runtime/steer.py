@@ -9,8 +9,9 @@ MLP floor) and evaluate it on fixed held-out seeds (``eval_seed`` on; the traini
 episodes use seeds from ``seed``), on training and held-out wordings; (2) train the noise
 policy (``steer``: SB3 SAC by default, ``policies.steering``) on ``num_envs`` envs of the
 task's training wordings for ``env_steps`` environment steps, with a progress bar,
-TensorBoard (``tb/``) and an evaluation every ``eval_every`` env steps; (3) evaluate the
-steered policy as in (1) and save it to ``checkpoint/`` (the base weights plus the noise
+TensorBoard (``tb/``) and an evaluation every ``eval_every`` env steps (``select=best``: on
+validation seeds, and the noise policy keeps the weights of its best evaluation instead of its
+last); (3) evaluate the steered policy as in (1) and save it to ``checkpoint/`` (the base weights plus the noise
 actor: ``embodied eval checkpoint=RUN/checkpoint`` and ``embodied play`` load it as any
 other); (4) run each ``compare`` method on the same env-step budget and seeds.
 
@@ -70,6 +71,10 @@ class SteerRunConfig:
     eval_episodes: int = 20  # periodic evaluation, per wording split
     final_episodes: int = 50  # before/after evaluation, per wording split
     eval_seed: int = 100_000  # held-out seeds: episode k uses eval_seed + k
+    # last: each method ends with its last weights; best: with the weights of its best periodic
+    # evaluation, which then runs on validation seeds (val_seed + k), disjoint from eval_seed's
+    select: str = "last"
+    val_seed: int = 300_000
     splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
     seed: int = 0  # training episodes' seeds and the learners' seeds
     videos: int = 2  # episodes recorded before and after (one success and one failure saved)
@@ -104,6 +109,15 @@ class SteerRunConfig:
         elif not isinstance(self.reward, str) or (self.reward not in ("sparse", "dense") and ":" not in self.reward):
             raise ValueError(f"reward={self.reward!r} is not allowed: must be 'sparse', 'dense', one of "
                              f"{list(REWARD_MODELS)} (reward=NAME reward.<key>=value) or 'module:Class' of a RewardModel")
+        if self.select not in ("last", "best"):
+            raise ValueError(f"select={self.select!r} is not allowed: must be 'last' or 'best'")
+        if self.select == "best":
+            if not self.eval_every:
+                raise ValueError("select=best picks among the periodic evaluations: give eval_every > 0")
+            if (self.val_seed < self.eval_seed + self.final_episodes
+                    and self.eval_seed < self.val_seed + self.eval_episodes):
+                raise ValueError(f"val_seed={self.val_seed} overlaps the held-out seeds eval_seed={self.eval_seed} "
+                                 f"... {self.eval_seed + self.final_episodes - 1}: selection must not see them")
         if not self.splits or any(s not in ("train", "heldout") for s in self.splits):
             raise ValueError(f"splits={self.splits} is not allowed: a non-empty list of 'train', 'heldout'")
 
@@ -169,9 +183,12 @@ class Steering:
         self.tb = SummaryWriter(str(out / "tb"))
 
     # ---- evaluation -----------------------------------------------------------------------
-    def evaluate(self, policy: Any, episodes: int, videos: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Success on the held-out seeds: ``success`` (training wordings), ``heldout`` (held-out wordings)."""
-        metrics, results = evaluate(policy, [self.cfg.task], episodes, self.cfg.splits, self.cfg.eval_seed,
+    def evaluate(self, policy: Any, episodes: int, videos: int = 0,
+                 seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Success on the held-out seeds (or from ``seed``): ``success`` (training wordings), ``heldout``
+        (held-out wordings)."""
+        seed = self.cfg.eval_seed if seed is None else seed
+        metrics, results = evaluate(policy, [self.cfg.task], episodes, self.cfg.splits, seed,
                                     num_envs=1, vector="sync", env_kwargs=self.env_kw, videos=videos,
                                     progress=False)
         p = metrics["per_task"][self.cfg.task]
@@ -182,7 +199,8 @@ class Steering:
     def point(self, name: str, policy: Any, env_steps: int, curve: list[dict[str, Any]]) -> dict[str, float]:
         """Evaluate ``policy`` at ``env_steps``, append to ``curve`` and TensorBoard; the bar's postfix."""
         t = time.time()
-        s, _ = self.evaluate(policy, self.cfg.eval_episodes)
+        s, _ = self.evaluate(policy, self.cfg.eval_episodes,
+                             seed=self.cfg.val_seed if self.cfg.select == "best" else None)
         curve.append({"env_steps": int(env_steps), **s, "eval_time_s": time.time() - t})
         for key in ("success", "heldout"):
             if s[key] is not None:
@@ -199,15 +217,29 @@ class Steering:
         t0 = time.time()
         curve: list[dict[str, Any]] = []
         learner, policy, extra = self._build(name)
-        self.point(name, policy, 0, curve)
-        progress = Progress(self.cfg.env_steps, lambda steps: self.point(name, policy, steps, curve),
-                            self.cfg.eval_every, desc=name, show=self.cfg.progress)
+        best: dict[str, Any] = {}
+
+        def point(steps: int) -> dict[str, float]:
+            postfix = self.point(name, policy, steps, curve)
+            score = np.mean(list(postfix.values())) if postfix else 0.0
+            if self.cfg.select == "best" and (not best or score >= best["score"]):  # a tie goes to the later
+                best.update(score=score, env_steps=int(steps),
+                            tensors={k: v.detach().clone() for k, v in policy.actor.tensors().items()})
+            return postfix
+
+        point(0)
+        progress = Progress(self.cfg.env_steps, point, self.cfg.eval_every, desc=name, show=self.cfg.progress)
         try:
             learner(progress)
         finally:
             progress.close()
-        self.point(name, policy, progress.env_steps, curve)
+        point(progress.env_steps)
         self.tb.flush()
+        if best:
+            policy.actor.load_tensors(best["tensors"])
+            extra = {**extra, "selected_env_steps": best["env_steps"], "selected_val_success": float(best["score"])}
+            log.info("%s: kept the weights of %d env steps (validation success %s)", name, best["env_steps"],
+                     pct(best["score"]))
         return Run(name, policy, curve, progress.env_steps, time.time() - t0, progress.train_success, extra)
 
     def _build(self, name: str) -> tuple[Callable[[Any], Any], Any, dict[str, Any]]:
@@ -306,7 +338,10 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
     after, res = s.evaluate(steered.policy, cfg.final_episodes, videos=cfg.videos)
     videos["after"] = save_videos(out / "after", res) if cfg.videos else {}
     save_policy(steered.policy, out / "checkpoint")
-    target = steered.curve[-1]["success"] or 0.0
+    # the steered policy's success on the curve: its last point, or the point it kept (select=best)
+    kept = steered.extra.get("selected_env_steps")
+    target = next((p["success"] for p in steered.curve if p["env_steps"] == kept),
+                  steered.curve[-1]["success"]) or 0.0
     reach_main = steps_to_reach(steered.curve, target)
     compare = {}
     for r in runs[1:]:
@@ -326,6 +361,7 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
         "env_steps": steered.env_steps, "steps_to_reach": reach_main, "target_success": target,
         "train_success": steered.train_success, "curve": steered.curve, "steer_wall_time_s": steered.wall_time_s,
         **steered.extra, "compare": compare, "videos": videos, "eval_seed": cfg.eval_seed, "seed": cfg.seed,
+        "select": cfg.select, "val_seed": cfg.val_seed if cfg.select == "best" else None,
         "checkpoint_out": str(out / "checkpoint"),
     }
     metrics["wall_time_s"] = time.time() - t0
@@ -387,6 +423,10 @@ def write_report(out: Path, m: dict[str, Any]) -> Path:
              "| | training wordings | held-out wordings |", "|---|---|---|",
              f"| before | {pct(m['success_before'])} | {pct(m['heldout_before'])} |",
              f"| after | {pct(m['success_after'])} | {pct(m['heldout_after'])} |", ""]
+    if m.get("select") == "best":
+        lines += [f"select=best: the weights kept are those of {m['selected_env_steps']} env steps, the best periodic "
+                  f"evaluation ({pct(m['selected_val_success'])}, both wording splits) on validation seeds from "
+                  f"{m['val_seed']}; the table above is on the held-out seeds from {m['eval_seed']}.", ""]
     if m["compare"]:
         lines += [f"Same budget, same seeds; env steps to reach {pct(m['target_success'])} "
                   f"({m['method']}: {m['steps_to_reach']}):", "",

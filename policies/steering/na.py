@@ -99,6 +99,9 @@ class MLPActor(NoiseActor):
     def tensors(self) -> dict[str, Any]:
         return dict(self.net.state_dict())
 
+    def load_tensors(self, tensors: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(dict(tensors), strict=True)
+
     @classmethod
     def restore(cls, meta: Mapping[str, Any], tensors: Mapping[str, Any], space: NoiseSpace,
                 feature_dim: int) -> "MLPActor":

@@ -63,6 +63,10 @@ class NoiseActor(abc.ABC):
                 feature_dim: int) -> "NoiseActor":
         """Rebuild an actor from ``describe()`` and ``tensors()``."""
 
+    def load_tensors(self, tensors: Mapping[str, Any]) -> None:
+        """Put weights of ``tensors()`` (of this actor, earlier) back in place."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights in place")
+
 
 def actor_class(kind: str) -> type[NoiseActor]:
     if kind not in ACTORS:

@@ -110,6 +110,9 @@ class SB3Actor(NoiseActor):
     def tensors(self) -> dict[str, Any]:
         return dict(self.policy.state_dict())
 
+    def load_tensors(self, tensors: Mapping[str, Any]) -> None:
+        self.policy.load_state_dict(dict(tensors), strict=True)
+
     @classmethod
     def restore(cls, meta: Mapping[str, Any], tensors: Mapping[str, Any], space: NoiseSpace,
                 feature_dim: int) -> "SB3Actor":
