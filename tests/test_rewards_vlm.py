@@ -224,6 +224,73 @@ def test_cached_and_uncached_paths_agree(tiny_reward):
     assert np.allclose(one, tiny_reward(frames, None, instruction).reward, atol=1e-5)
 
 
+def _clip_resnet_with_trained_batchnorm() -> torch.nn.Module:
+    """The default tower's architecture (CLIP ResNet, width 8) with BatchNorm statistics and
+    affine parameters far from their initial values, so folding them into the convolutions
+    is exercised as it is on a fitted checkpoint."""
+    torch.manual_seed(1)
+    model = build_open_clip("RN50", {"embed_dim": 384, "text_cfg": PLACEHOLDER_TEXT,
+                                     "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 8,
+                                                    "head_width": 8}})
+    for m in model.visual.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_(0.0, 0.5)
+            m.running_var.uniform_(0.2, 3.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("tower", ["resnet", "vit"])
+def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, tower):
+    """The TorchScript-frozen tower (BatchNorm folded) scores as the eager one, at every batch size."""
+    from rewards.vlm.model import inference_encoder
+
+    if tower == "resnet":
+        fast = ClipReward(_clip_resnet_with_trained_batchnorm(), tiny_reward.text, tiny_reward.preprocess,
+                          image_size=64, baselines=["a robot"], calibration=(20.0, -3.0))
+    else:
+        fast = tiny_reward.with_options()
+    assert fast.optimize
+    slow = fast.with_options(optimize=False)
+    frames = np.concatenate([frames_of(t, n=8, seed=s)[0] for t, s in (("pick", 0), ("stack", 1), ("reach", 2))])
+    instruction = frames_of("pick", n=1)[1]
+    for alpha in (0.0, 0.5):
+        for b in (1, 5, 8, 64):
+            a = fast.with_options(alpha=alpha, batch_size=b)(frames, None, instruction)
+            e = slow.with_options(alpha=alpha, batch_size=b)(frames, None, instruction)
+            assert np.allclose(a.reward, e.reward, atol=1e-5), (alpha, b, np.abs(a.reward - e.reward).max())
+            assert a.terms.keys() == e.terms.keys()
+            assert all(np.allclose(a.terms[k], e.terms[k], atol=1e-5) for k in a.terms)
+    encode, optimised = fast.encoder()
+    assert optimised and isinstance(encode, torch.jit.ScriptModule)  # the comparison above was not vacuous
+    assert slow.encoder() == (slow.model.encode_image, False)
+    if tower == "resnet":  # BatchNorm folded away: no batch_norm op is left in the frozen graph
+        assert "batch_norm" not in str(encode.graph)
+    # a real fitted checkpoint, loaded as the commands load it
+    ckpt = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted)))
+    eager = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), optimize=False))
+    assert np.allclose(ckpt(frames, None, instruction).reward, eager(frames, None, instruction).reward, atol=1e-5)
+    assert ckpt.encoder()[1] and not eager.encoder()[1]
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(ckpt))  # e.g. into a vector-env worker: the frozen tower is rebuilt there
+    assert np.allclose(copy(frames, None, instruction).reward, eager(frames, None, instruction).reward, atol=1e-5)
+    # a tower whose trace does not match (here: output depends on a Python-side counter) stays eager
+
+    class Drifting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+            self.visual = torch.nn.Conv2d(3, 4, 3)
+
+        def encode_image(self, x):
+            self.calls += 1
+            return self.visual(x).mean((2, 3)) * self.calls
+
+    assert inference_encoder(Drifting(), 16)[1] is False
+
+
 def test_bad_inputs_give_clear_errors(tiny_reward):
     frames, instruction = frames_of("reach", n=2)
     with pytest.raises(RewardInputError, match="non-empty string"):
