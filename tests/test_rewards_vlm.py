@@ -133,6 +133,19 @@ def test_bank_plays_a_new_scene_per_episode_and_labels_every_frame():
 
 
 # ----------------------------------------------------------------------------- fitting
+def test_episode_progress_labels_rise_from_zero_in_every_episode():
+    from embodied.runtime.reward import episode_progress
+
+    gt = np.array([0.6, 0.7, 0.8, 1.0, 0.5, 0.4, 0.75, 0.2], np.float32)
+    ep = np.array([0, 0, 0, 0, 1, 1, 1, 2])
+    p = episode_progress(gt, ep)
+    assert np.allclose(p, [0.0, 0.25, 0.5, 1.0, 0.0, 0.0, 0.5, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match="label_progress"):
+        from embodied.runtime.reward import RewardFitConfig
+
+        RewardFitConfig(label_progress="time")
+
+
 def test_ranking_loss_asks_the_frame_further_along_to_score_higher():
     from rewards.vlm.fit import ranking_loss
 
