@@ -114,8 +114,9 @@ def inference_encoder(model: torch.nn.Module, size: int, rtol: float = 1e-4) -> 
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(0)
-    example = torch.randn(2, 3, size, size, generator=gen).contiguous(memory_format=torch.channels_last)
-    probe = torch.randn(3, 3, size, size, generator=gen).contiguous(memory_format=torch.channels_last)
+    device = next(iter(model.parameters()), torch.zeros(0)).device
+    example, probe = (torch.randn(n, 3, size, size, generator=gen).to(device).contiguous(
+        memory_format=torch.channels_last) for n in (2, 3))
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TorchScript's deprecation notices
