@@ -36,6 +36,18 @@ _LIVE_ENVS: "weakref.WeakSet[BaseEnv]" = weakref.WeakSet()  # envs holding a GL 
 __all__ = ["BaseEnv", "INSTRUCTION_CHARSET", "OBS_MODES", "TaskEnv", "check_env_args", "check_instructions"]
 
 
+def _scene_view() -> Any:
+    """The drawing options of ``render()`` frames: MuJoCo's defaults without rangefinder rays.
+
+    MuJoCo draws every rangefinder's ray in every view; on the navigation robot (8 rays, up to
+    2.5 m) they cover much of an overhead frame and hide the landmarks (a 64 px frame showed
+    them as 1-2 px dots under yellow rays), which the VLM reward must see.
+    """
+    opt = mujoco.MjvOption()
+    opt.flags[mujoco.mjtVisFlag.mjVIS_RANGEFINDER] = False
+    return opt
+
+
 def _close_renderers() -> None:
     # Free GL contexts before MuJoCo's own exit hook terminates the EGL display. Registered
     # after the first context exists, so that it runs before that hook (atexit is LIFO).
@@ -90,7 +102,9 @@ class BaseEnv(gym.Env):
         instructions: override the task's templates with your own wording
             (fields such as ``{color}`` are filled in).
         render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns (S, S, 3) uint8).
-        render_size: side of ``render()`` frames.
+        render_size: side of ``render()`` frames. ``render()`` shows the scene without
+            MuJoCo's sensor visualisation (rangefinder rays); observation images keep MuJoCo's
+            default drawing, so what pixel policies see is unchanged.
         max_episode_steps: override the task's time limit.
 
     Raises:
@@ -138,6 +152,7 @@ class BaseEnv(gym.Env):
         self.cameras = cams if obs_mode != "state" else ()
         self.render_camera = self.render_camera or self.default_cameras[0]
         self._renderers: dict[int, Any] = {}
+        self._render_view: Any = None  # render()'s drawing options (_scene_view), made on first use
         self._rotated: frozenset[str] = frozenset()  # cameras whose frames are turned 180 degrees
 
         self._step_count = 0
@@ -242,7 +257,7 @@ class BaseEnv(gym.Env):
         return np.array(self._state(), dtype=np.float32)
 
     # ------------------------------------------------------------- rendering
-    def _render(self, camera: str, size: int) -> np.ndarray:
+    def _render(self, camera: str, size: int, scene_option: Any = None) -> np.ndarray:
         r = self._renderers.get(size)
         if r is None:
             r = self._renderers[size] = make_renderer(self.model, size, size)
@@ -250,14 +265,16 @@ class BaseEnv(gym.Env):
                 atexit.unregister(_close_renderers)
                 atexit.register(_close_renderers)
             _LIVE_ENVS.add(self)
-        r.update_scene(self.data, camera)
+        r.update_scene(self.data, camera, scene_option=scene_option)
         img = r.render()
         return np.ascontiguousarray(img[::-1, ::-1]) if camera in self._rotated else img
 
     def render(self) -> np.ndarray | None:
         if self.render_mode != "rgb_array":
             return None
-        return self._render(self.render_camera, self.render_size)
+        if self._render_view is None:
+            self._render_view = _scene_view()
+        return self._render(self.render_camera, self.render_size, self._render_view)
 
     def close(self) -> None:
         for r in self._renderers.values():

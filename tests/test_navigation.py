@@ -75,6 +75,32 @@ def test_pixel_obs_and_render():
     env.close()
 
 
+def test_render_hides_the_rangefinder_rays_but_observation_images_keep_them():
+    """render() (what the VLM reward and videos read) shows the scene without MuJoCo's
+    rangefinder rays; observation images of the same camera (what pixel policies read)
+    are drawn as before, rays included."""
+    import mujoco
+
+    env = make_env("goto-landmark", obs_mode="state+pixels", cameras=["overhead"], image_size=64,
+                   render_mode="rgb_array", render_size=64)
+    obs, _ = env.reset(seed=3)
+    u = env.unwrapped
+    r = u._renderers[64]
+    r.update_scene(u.data, "overhead")  # MuJoCo's default drawing
+    default = r.render().copy()
+    opt = mujoco.MjvOption()
+    opt.flags[mujoco.mjtVisFlag.mjVIS_RANGEFINDER] = False
+    r.update_scene(u.data, "overhead", scene_option=opt)
+    no_rays = r.render().copy()
+    assert not np.array_equal(default, no_rays)  # the rays are visible in this view
+    assert np.array_equal(obs["image"], default)  # pixel policies see what they saw before
+    assert np.array_equal(env.render(), no_rays)
+    obs, *_ = env.step(np.zeros(env.action_space.shape, np.float32))
+    r.update_scene(u.data, "overhead")
+    assert np.array_equal(obs["image"], r.render())  # a render() call leaves observation images alone
+    env.close()
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_reset_is_deterministic(task):
     env = make_env(task)

@@ -133,6 +133,19 @@ def test_bank_plays_a_new_scene_per_episode_and_labels_every_frame():
 
 
 # ----------------------------------------------------------------------------- fitting
+def test_episode_progress_labels_rise_from_zero_in_every_episode():
+    from embodied.runtime.reward import episode_progress
+
+    gt = np.array([0.6, 0.7, 0.8, 1.0, 0.5, 0.4, 0.75, 0.2], np.float32)
+    ep = np.array([0, 0, 0, 0, 1, 1, 1, 2])
+    p = episode_progress(gt, ep)
+    assert np.allclose(p, [0.0, 0.25, 0.5, 1.0, 0.0, 0.0, 0.5, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match="label_progress"):
+        from embodied.runtime.reward import RewardFitConfig
+
+        RewardFitConfig(label_progress="time")
+
+
 def test_ranking_loss_asks_the_frame_further_along_to_score_higher():
     from rewards.vlm.fit import ranking_loss
 
@@ -222,6 +235,73 @@ def test_cached_and_uncached_paths_agree(tiny_reward):
     # one frame at a time gives the batch's rewards
     one = np.concatenate([tiny_reward(frames[i:i + 1], None, instruction).reward for i in range(5)])
     assert np.allclose(one, tiny_reward(frames, None, instruction).reward, atol=1e-5)
+
+
+def _clip_resnet_with_trained_batchnorm() -> torch.nn.Module:
+    """The default tower's architecture (CLIP ResNet, width 8) with BatchNorm statistics and
+    affine parameters far from their initial values, so folding them into the convolutions
+    is exercised as it is on a fitted checkpoint."""
+    torch.manual_seed(1)
+    model = build_open_clip("RN50", {"embed_dim": 384, "text_cfg": PLACEHOLDER_TEXT,
+                                     "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 8,
+                                                    "head_width": 8}})
+    for m in model.visual.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_(0.0, 0.5)
+            m.running_var.uniform_(0.2, 3.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("tower", ["resnet", "vit"])
+def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, tower):
+    """The TorchScript-frozen tower (BatchNorm folded) scores as the eager one, at every batch size."""
+    from rewards.vlm.model import inference_encoder
+
+    if tower == "resnet":
+        fast = ClipReward(_clip_resnet_with_trained_batchnorm(), tiny_reward.text, tiny_reward.preprocess,
+                          image_size=64, baselines=["a robot"], calibration=(20.0, -3.0))
+    else:
+        fast = tiny_reward.with_options()
+    assert fast.optimize
+    slow = fast.with_options(optimize=False)
+    frames = np.concatenate([frames_of(t, n=8, seed=s)[0] for t, s in (("pick", 0), ("stack", 1), ("reach", 2))])
+    instruction = frames_of("pick", n=1)[1]
+    for alpha in (0.0, 0.5):
+        for b in (1, 5, 8, 64):
+            a = fast.with_options(alpha=alpha, batch_size=b)(frames, None, instruction)
+            e = slow.with_options(alpha=alpha, batch_size=b)(frames, None, instruction)
+            assert np.allclose(a.reward, e.reward, atol=1e-5), (alpha, b, np.abs(a.reward - e.reward).max())
+            assert a.terms.keys() == e.terms.keys()
+            assert all(np.allclose(a.terms[k], e.terms[k], atol=1e-5) for k in a.terms)
+    encode, optimised = fast.encoder()
+    assert optimised and isinstance(encode, torch.jit.ScriptModule)  # the comparison above was not vacuous
+    assert slow.encoder() == (slow.model.encode_image, False)
+    if tower == "resnet":  # BatchNorm folded away: no batch_norm op is left in the frozen graph
+        assert "batch_norm" not in str(encode.graph)
+    # a real fitted checkpoint, loaded as the commands load it
+    ckpt = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted)))
+    eager = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), optimize=False))
+    assert np.allclose(ckpt(frames, None, instruction).reward, eager(frames, None, instruction).reward, atol=1e-5)
+    assert ckpt.encoder()[1] and not eager.encoder()[1]
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(ckpt))  # e.g. into a vector-env worker: the frozen tower is rebuilt there
+    assert np.allclose(copy(frames, None, instruction).reward, eager(frames, None, instruction).reward, atol=1e-5)
+    # a tower whose trace does not match (here: output depends on a Python-side counter) stays eager
+
+    class Drifting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+            self.visual = torch.nn.Conv2d(3, 4, 3)
+
+        def encode_image(self, x):
+            self.calls += 1
+            return self.visual(x).mean((2, 3)) * self.calls
+
+    assert inference_encoder(Drifting(), 16)[1] is False
 
 
 def test_bad_inputs_give_clear_errors(tiny_reward):

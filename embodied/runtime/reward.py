@@ -263,6 +263,10 @@ class RewardFitConfig:
     # with init: entries of the arch's open_clip config to replace (e.g. {vision_cfg: {image_size: 64}})
     init_overrides: dict[str, Any] = field(default_factory=dict)
     fit: FitSettings = field(default_factory=FitSettings)  # optimisation (rewards.vlm.fit)
+    # the progress half of each frame's caption label (captions_from_bank): "dense" = the dense
+    # reward; "episode" = the dense reward's rise since the episode's first frame, scaled so
+    # that it reaches 1 at the dense reward's maximum (labels rise from 0 along every episode)
+    label_progress: str = "dense"
     out: str = ""  # checkpoint folder (default: RUN/reward)
     bank_path: str = ""  # reuse a saved bank (must match `bank`)
     save_bank: str = ""  # save the bank here
@@ -284,11 +288,29 @@ class RewardFitConfig:
             raise ValueError(f"image_size must be in [8, 512], got {self.image_size}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.label_progress not in LABEL_PROGRESS:
+            raise ValueError(f"label_progress must be one of {list(LABEL_PROGRESS)}, got {self.label_progress!r}")
 
 
-def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]]):
+LABEL_PROGRESS = ("dense", "episode")
+
+
+def episode_progress(gt_reward: np.ndarray, episode: np.ndarray) -> np.ndarray:
+    """Each frame's dense reward as its rise since its episode's first frame, in [0, 1]:
+    (r_t - r_0) / (1 - r_0), clipped (dense rewards lie in [0, 1])."""
+    r = np.clip(np.asarray(gt_reward, np.float64), 0.0, 1.0)
+    ep = np.asarray(episode)
+    first = np.zeros(int(ep.max()) + 1 if len(ep) else 0, np.float64)
+    order = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if len(ep) else np.zeros(0, np.int64)
+    first[ep[order[::-1]]] = r[order[::-1]]  # the first frame of each episode (episodes may repeat: keep the earliest)
+    r0 = first[ep]
+    return np.clip((r - r0) / np.maximum(1.0 - r0, 1e-3), 0.0, 1.0).astype(np.float32)
+
+
+def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], label_progress: str = "dense"):
     """Ground-truth captions of a bank's frames: each frame's goal (its episode's task and
-    parameters, in every template of ``templates[task]``) with its label (``caption_label``)."""
+    parameters, in every template of ``templates[task]``) with its label (``caption_label``;
+    its progress half per ``label_progress``, see ``RewardFitConfig``)."""
     from rewards.vlm.fit import CaptionedFrames, caption_label, goal_wordings
 
     keys: dict[str, int] = {}
@@ -302,7 +324,8 @@ def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]]):
             groups.append(goal_wordings(templates[e["task"]], params))
         ep_group[i] = keys[key]
     # progress: the dense reward, except that frames the goal holds in count as complete
-    label = caption_label(bank.success, bank.gt_reward)
+    progress = bank.gt_reward if label_progress == "dense" else episode_progress(bank.gt_reward, bank.episode)
+    label = caption_label(bank.success, progress)
     return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups, bank.states,
                            bank.episode)
 
@@ -332,7 +355,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     size = image_size_of(model)
     pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
     bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress)
-    data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks})
+    data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks}, cfg.label_progress)
     center = None
     if cfg.center_text:
         center = text.encode(sorted({w for g in data.groups for w in g})).mean(0)
@@ -346,6 +369,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
             "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
             "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
+                       "label_progress": cfg.label_progress,
                        "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
                        "wordings": record["wordings"],
                        # every training wording, filled with the episodes' parameters (the goals it was fitted on)
