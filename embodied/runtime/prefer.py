@@ -423,8 +423,8 @@ class SteerLearner:
         mine = {"checkpoint": want.checkpoint, "task": want.task, "reward": want.reward, "seed": want.seed,
                 "final_episodes": want.final_episodes}
         theirs = {k: m.get(k) for k in mine}
-        steer_cfg = {k: v for k, v in vars(want.steer).items()}
-        steer_cfg["net_arch"] = list(steer_cfg["net_arch"])
+        # a run records the learner's own seed, steer.seed + seed (`embodied steer` adds them)
+        steer_cfg = {**vars(want.steer), "seed": want.steer.seed + want.seed, "net_arch": list(want.steer.net_arch)}
         if theirs != mine or m.get("steer") != steer_cfg or abs(m["env_steps"] - want.env_steps) > 2 * 8:
             raise ValueError(f"steer_reference={self.cfg.steer_reference!r} was run with other settings "
                              f"({theirs}, {m['env_steps']} env steps) than this comparison needs ({mine}, "
