@@ -149,6 +149,7 @@ def test_the_steer_learner_queries_the_checkpoints_episodes_and_steers_with_the_
 
 def test_the_steer_learner_needs_a_checkpoint_and_refuses_a_mismatched_reference(tmp_path):
     import json
+    from dataclasses import replace
 
     from embodied.runtime.prefer import PreferConfig, SteerLearner
 
@@ -170,6 +171,14 @@ def test_the_steer_learner_needs_a_checkpoint_and_refuses_a_mismatched_reference
     (tmp_path / "ref" / "metrics.json").write_text(json.dumps({**good, "seed": 1}))
     with pytest.raises(ValueError, match="other settings"):
         learner._reference(want)
+    # seed=1 steers with learner seed steer.seed + 1, which is what a run with seed=1 records
+    want1 = SteerLearner(replace(cfg, seed=1), False)._steer_config("sparse", {}, 3)
+    seeded = {**good, "seed": 1, "steer": {**steer_cfg, "seed": 1}}
+    (tmp_path / "ref" / "metrics.json").write_text(json.dumps(seeded))
+    assert learner._reference(want1)["env_steps"] == 41
+    (tmp_path / "ref" / "metrics.json").write_text(json.dumps({**good, "seed": 1}))  # made before seed reached SAC
+    with pytest.raises(ValueError, match="other settings"):
+        learner._reference(want1)
 
 
 def test_reward_eval_takes_a_learned_reward_by_registry_name(tmp_path):

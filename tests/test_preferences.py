@@ -542,3 +542,11 @@ def test_a_registered_learner_drives_the_loop_through_the_learner_interface(tmp_
     assert calls == ["PreferenceReward"] * 3 and m["policy"]["who"] == "recorder" and m["learner"] == "recorder"
     with pytest.raises(ValueError, match="learner must be one of"):
         tiny(tmp_path, learner="steering-not-yet")
+
+
+def test_the_prefer_package_registers_every_learner_and_exports_its_api():
+    import embodied.runtime.prefer as prefer
+    from embodied.runtime.prefer.config import LEARNERS
+
+    assert prefer.LEARNERS is LEARNERS and {"ranking", "steer", "pebble"} <= set(LEARNERS)
+    assert all(hasattr(prefer, name) for name in prefer.__all__)

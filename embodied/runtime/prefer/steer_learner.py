@@ -1,0 +1,126 @@
+"""The ``steer`` learner: latent-noise steering (``embodied steer``) of a checkpoint with the learned reward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from embodied.core.reward import RewardModel
+from embodied.runtime.prefer.config import PreferConfig, register_learner
+from embodied.runtime.prefer.episodes import HELDOUT_SEED, frame_env, policy_behaviour, rollout
+from rewards.preference.model import PreferenceReward
+from rewards.preference.segments import Trajectory
+
+
+class SteerLearner:
+    """Latent-noise steering (DSRL; ``embodied steer``) of a demonstration-trained checkpoint, with
+    the learned reward and, for comparison, with the ground-truth reward.
+
+    Two stages. ``rollout`` plays the checkpoint's own policy (its sampler's noise varies, so do
+    its episodes): queries are cut from what the policy to be improved does. Once the reward is
+    learned, ``evaluate`` steers the checkpoint from scratch for ``steer_env_steps`` env steps with
+    it (``rewards.preference.model:load_reward``: the reward shifted below zero) and, on the same
+    seeds, settings and env steps, with the ground-truth reward (``steer_ground_truth``; or reuses
+    the finished run ``steer_reference``). Each is an ordinary ``embodied steer`` run, written under
+    the prefer run's ``steer_learned/`` and ``steer_ground_truth/`` (metrics, curve, the steered
+    checkpoint). The noise policy trains once, on the final reward, so there is no replay buffer to
+    relabel between reward updates (the PEBBLE learner, ``learner=pebble``, relabels).
+
+    ``env_steps`` counts the query episodes; the steering runs' own env steps are in ``evaluate``'s
+    ``env_steps`` (equal for both rewards).
+    """
+
+    def __init__(self, cfg: PreferConfig, frames: bool):
+        from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
+
+        self.cfg, self.frames = cfg, frames
+        self.policy = load_for_eval(cfg.checkpoint, "cpu")
+        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera,
+                             **policy_env_kwargs(self.policy, [cfg.task]))
+        self.task_arg = cfg.task if self.policy.unwrapped.config.text_encoder == "onehot" else None
+        self.next_seed, self.env_steps = cfg.seed, 0
+        self.out: Path = Path(".")  # set by run_prefer to the run directory
+        self.rounds = 0
+
+    def rollout(self, episodes: int) -> list[Trajectory]:
+        out = []
+        for s in range(self.next_seed, self.next_seed + episodes):
+            t, steps = rollout(self.env, s, policy_behaviour(self.policy, self.task_arg), self.frames,
+                               {"policy": "checkpoint"})
+            self.env_steps += steps
+            out.append(t)
+        self.next_seed += episodes
+        return out
+
+    def improve(self, reward: RewardModel) -> dict[str, Any]:
+        self.rounds += 1  # stage two (steering) runs once, in evaluate, on the final reward
+        return {}
+
+    def heldout(self, episodes: int) -> list[Trajectory]:
+        """Episodes of held-out seeds played by the checkpoint: the distribution the reward steers
+        on (reported as ``policy_*`` beside the candidates' coverage); not counted in env steps."""
+        steps, seed = self.env_steps, self.next_seed
+        self.next_seed = self.cfg.seed + HELDOUT_SEED
+        try:
+            return self.rollout(episodes)
+        finally:
+            self.env_steps, self.next_seed = steps, seed
+
+    def _steer_config(self, reward: str, kwargs: dict[str, Any], episodes: int) -> Any:
+        from embodied.runtime.steer import SteerRunConfig
+        from policies.steering.config import SteerConfig
+
+        c = self.cfg
+        return SteerRunConfig(checkpoint=c.checkpoint, task=c.task, reward=reward, reward_kwargs=kwargs,
+                              env_steps=c.steer_env_steps, eval_every=c.steer_eval_every, final_episodes=episodes,
+                              seed=c.seed, videos=0, progress=False, threads=1, steer=SteerConfig(**c.steer))
+
+    def _reference(self, want: Any) -> dict[str, Any] | None:
+        """The metrics of ``steer_reference`` if it is a finished run with the same settings."""
+        import json
+
+        if not self.cfg.steer_reference:
+            return None
+        p = Path(self.cfg.steer_reference) / "metrics.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"steer_reference={self.cfg.steer_reference!r} holds no metrics.json: give the "
+                                    "directory of a finished `embodied steer` run")
+        m = json.loads(p.read_text())
+        mine = {"checkpoint": want.checkpoint, "task": want.task, "reward": want.reward, "seed": want.seed,
+                "final_episodes": want.final_episodes}
+        theirs = {k: m.get(k) for k in mine}
+        # a run records the learner's own seed, steer.seed + seed (`embodied steer` adds them)
+        steer_cfg = {**vars(want.steer), "seed": want.steer.seed + want.seed, "net_arch": list(want.steer.net_arch)}
+        if theirs != mine or m.get("steer") != steer_cfg or abs(m["env_steps"] - want.env_steps) > 2 * 8:
+            raise ValueError(f"steer_reference={self.cfg.steer_reference!r} was run with other settings "
+                             f"({theirs}, {m['env_steps']} env steps) than this comparison needs ({mine}, "
+                             f"{want.env_steps} env steps, steer={steer_cfg})")
+        return m
+
+    def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
+        from embodied.runtime.steer import steer
+
+        path = self.out / "steer_reward.pt"
+        if not isinstance(reward, PreferenceReward):
+            raise ValueError(f"the steer learner steers with a learned PreferenceReward, got {type(reward).__name__}")
+        reward.save(path)
+        learned = steer(self._steer_config("rewards.preference.model:load_reward", {"path": str(path)}, episodes),
+                        self.out / "steer_learned")
+        gt_cfg = self._steer_config(self.cfg.steer_ground_truth, {}, episodes)
+        truth = self._reference(gt_cfg) or steer(gt_cfg, self.out / "steer_ground_truth")
+        out = {"success_learned": learned["success_after"], "success_ground_truth": truth["success_after"],
+               "success_before": learned["success_before"], "heldout_learned": learned["heldout_after"],
+               "heldout_ground_truth": truth["heldout_after"], "episodes": episodes,
+               "env_steps": learned["env_steps"], "env_steps_ground_truth": truth["env_steps"],
+               "query_env_steps": self.env_steps, "ground_truth": self.cfg.steer_ground_truth,
+               "curve_learned": learned["curve"], "curve_ground_truth": truth["curve"],
+               "steer_learned": str(self.out / "steer_learned"),
+               "steer_ground_truth": self.cfg.steer_reference or str(self.out / "steer_ground_truth")}
+        gt = out["success_ground_truth"]
+        out["ratio"] = out["success_learned"] / gt if gt else None
+        return out
+
+
+@register_learner("steer")
+def _steer(cfg: PreferConfig, frames: bool) -> SteerLearner:
+    return SteerLearner(cfg, frames)
