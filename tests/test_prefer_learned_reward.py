@@ -251,3 +251,12 @@ def test_pebble_relabels_the_whole_replay_buffer_with_each_new_reward(tmp_path):
     m = buf.pos
     np.testing.assert_allclose(buf.rewards[n:m, 0], np.tanh(buf.observations[n:m, 0] @ w) - 1.0, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_the_steer_learner_refuses_a_task_its_checkpoint_never_learned_before_asking_for_labels(tmp_path):
+    from embodied.runtime.prefer import SteerLearner
+
+    cfg = steer_prefer_config(tmp_path, task="press-button")  # the checkpoint knows reach only
+    with pytest.raises(ValueError, match=r"task='press-button' is not one of the tasks .* \[reach\]"):
+        SteerLearner(cfg, False)
+    assert not (tmp_path / "labels").exists()

@@ -459,3 +459,11 @@ def test_select_best_keeps_the_best_validation_point_and_evaluates_on_other_seed
         SteerRunConfig(checkpoint="c", task="reach", select="best", eval_every=0)
     with pytest.raises(ValueError, match="'last' or 'best'"):
         SteerRunConfig(checkpoint="c", task="reach", select="first")
+
+
+def test_steering_refuses_a_task_the_checkpoint_was_not_trained_on(tmp_path):
+    from embodied.runtime.steer import Steering, SteerRunConfig
+
+    ckpt = reach_checkpoint(tmp_path / "base", "flow")
+    with pytest.raises(ValueError, match=r"task='push' is not one of the tasks .* \[reach\]"):
+        Steering(SteerRunConfig(checkpoint=str(ckpt), task="push", progress=False), tmp_path / "run")

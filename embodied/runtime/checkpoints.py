@@ -36,6 +36,15 @@ def load_remote(url: str, api_key: str = "") -> Any:
     return RemotePolicy(url, api_key=api_key or None)
 
 
+def check_trained_task(policy: Any, task: str, checkpoint: str) -> None:
+    """Refuse to improve ``policy`` on a task it was not trained on (steering selects among the
+    behaviours a checkpoint already has; a task it never saw is most likely a mistyped ``task=``)."""
+    trained = list(getattr(policy.unwrapped, "task_names", []) or [])
+    if trained and task not in trained:
+        shown = ", ".join(trained[:8]) + (", ..." if len(trained) > 8 else "")
+        raise ValueError(f"task={task!r} is not one of the tasks checkpoint {checkpoint!r} was trained on: [{shown}]")
+
+
 def policy_env_kwargs(policy: Any, tasks: list[str]) -> dict[str, Any]:
     """Env arguments that give ``policy`` the observations it was trained on; checks specs."""
     from embodied.core.registry import make_env

@@ -37,7 +37,7 @@ import numpy as np
 from embodied.core.errors import UnknownNameError
 from embodied.core.registry import get_task, make_env
 from embodied.core.reward import RewardModel
-from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
+from embodied.runtime.checkpoints import check_trained_task, load_for_eval, policy_env_kwargs
 from embodied.runtime.evaluate import evaluate, pct, save_videos, write_json
 from policies.steering.config import SteerConfig
 from rewards.registry import REWARDS as REWARD_MODELS
@@ -165,6 +165,7 @@ class Steering:
             raise ValueError(f"checkpoint {cfg.checkpoint!r} is already steered (it has a steering.json); give the "
                              "checkpoint of `embodied train` it was steered from")
         check_steerable(self.base)
+        check_trained_task(self.base, cfg.task, cfg.checkpoint)
         # the run's seed reaches the learner too (SB3 also seeds the training envs from it)
         self.steer_cfg = replace(cfg.steer, seed=cfg.steer.seed + cfg.seed)
         self.space = NoiseSpace.for_policy(self.base, self.steer_cfg)

@@ -31,10 +31,11 @@ class SteerLearner:
     """
 
     def __init__(self, cfg: PreferConfig, frames: bool):
-        from embodied.runtime.checkpoints import load_for_eval, policy_env_kwargs
+        from embodied.runtime.checkpoints import check_trained_task, load_for_eval, policy_env_kwargs
 
         self.cfg, self.frames = cfg, frames
         self.policy = load_for_eval(cfg.checkpoint, "cpu")
+        check_trained_task(self.policy, cfg.task, cfg.checkpoint)  # before any label is asked for
         self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera,
                              **policy_env_kwargs(self.policy, [cfg.task]))
         self.task_arg = cfg.task if self.policy.unwrapped.config.text_encoder == "onehot" else None
