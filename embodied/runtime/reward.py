@@ -299,11 +299,8 @@ def episode_progress(gt_reward: np.ndarray, episode: np.ndarray) -> np.ndarray:
     """Each frame's dense reward as its rise since its episode's first frame, in [0, 1]:
     (r_t - r_0) / (1 - r_0), clipped (dense rewards lie in [0, 1])."""
     r = np.clip(np.asarray(gt_reward, np.float64), 0.0, 1.0)
-    ep = np.asarray(episode)
-    first = np.zeros(int(ep.max()) + 1 if len(ep) else 0, np.float64)
-    order = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if len(ep) else np.zeros(0, np.int64)
-    first[ep[order[::-1]]] = r[order[::-1]]  # the first frame of each episode (episodes may repeat: keep the earliest)
-    r0 = first[ep]
+    ids, first = np.unique(np.asarray(episode), return_index=True)  # each episode's earliest frame
+    r0 = r[first][np.searchsorted(ids, episode)]
     return np.clip((r - r0) / np.maximum(1.0 - r0, 1e-3), 0.0, 1.0).astype(np.float32)
 
 

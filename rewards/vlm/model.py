@@ -19,9 +19,8 @@ Smoothing over the last k frames is a property of a stream of frames, not of one
 
 Text embeddings are cached per string; images are embedded in batches of ``batch_size``.
 For inference the image tower is traced and frozen with TorchScript (``inference_encoder``:
-BatchNorm folded into the convolutions, one graph instead of a Python call per layer), which
-roughly halves the cost of the small batches (one frame per env) a training loop scores;
-it is checked against the eager tower when it is built and the eager tower is kept if they
+BatchNorm folded into the convolutions, one graph instead of a Python call per layer), for
+the small batches (one frame per env) a training loop scores; it is checked against the eager tower when it is built and the eager tower is kept if they
 differ or tracing fails.
 """
 
@@ -109,8 +108,6 @@ def inference_encoder(model: torch.nn.Module, size: int, rtol: float = 1e-4) -> 
     than the traced one are fine: the graph keeps the batch dimension symbolic.
     """
     eager = model.encode_image
-    if not hasattr(torch, "jit") or not hasattr(torch.jit, "freeze"):
-        return eager, False
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(0)
