@@ -631,6 +631,36 @@ def test_network_sim_robot_with_latency_jitter_and_drops():
     assert report.events["chunks_used"] >= 10
 
 
+def test_network_robot_handshake_waits_for_a_slow_robot_and_resends_dropped_requests():
+    """The server brings its robot up on the first request: that may take many control steps."""
+    from embodied.core.robot import SimRobot
+
+    class SlowToStart(SimRobot):
+        def connect(self):
+            time.sleep(0.4)
+            super().connect()
+
+    # every request has a 30% chance of being dropped, and each request may wait only 50 ms
+    with RobotServer(SlowToStart("reach"), faults=Faults(drop=0.3, seed=3), task="reach") as rs:
+        robot = NetworkRobot(rs.url, timeout_s=0.05, seed=7, connect_timeout_s=10)
+        with robot:
+            assert robot.task == "reach" and robot.action_spec.dim == 4
+    assert rs.stats["requests"] > 3  # the handshake was sent more than once
+
+
+def test_network_robot_connect_to_a_silent_server_fails_within_its_budget():
+    from embodied.core.robot import RobotCommunicationError, SimRobot
+
+    with RobotServer(SimRobot("reach"), faults=Faults(drop=0.999999, seed=0)) as rs:
+        robot = NetworkRobot(rs.url, timeout_s=0.05, connect_timeout_s=0.3)
+        t0 = time.monotonic()
+        with pytest.raises(RobotCommunicationError, match="no reply to 'hello' within connect_timeout_s=0.3"):
+            robot.connect()
+        assert time.monotonic() - t0 < 2.0 and not robot.is_connected
+    with pytest.raises(ValueError, match="connect_timeout_s must be > 0"):
+        NetworkRobot("ws://127.0.0.1:1", connect_timeout_s=0)
+
+
 CTRL_C_SCRIPT = textwrap.dedent("""
     import sys, json
     sys.path.insert(0, {root!r})

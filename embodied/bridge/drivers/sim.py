@@ -158,6 +158,10 @@ class RobotServer:
             return out
 
 
+class _NoReply(RobotCommunicationError):
+    """No reply within the timeout (the request may have been dropped)."""
+
+
 class NetworkRobot(Robot):
     """A ``Robot`` served by a ``RobotServer`` at ``url``.
 
@@ -165,14 +169,22 @@ class NetworkRobot(Robot):
         url: ``ws://HOST:PORT`` of the robot server.
         timeout_s: how long one request may take; then ``RobotCommunicationError``.
         seed: the first episode's seed (the server's simulator is reset to it on connect).
+        connect_timeout_s: how long the handshake of ``connect()`` may take in all. The server
+            brings its robot up on the first request, which can take far longer than one control
+            step, and a dropped handshake request is simply sent again (``hello``, ``reset`` to a
+            seed and ``observe`` change nothing when repeated), so only a server that stays silent
+            this long fails the connect.
     """
 
-    def __init__(self, url: str, timeout_s: float = 0.5, seed: int | None = None):
+    def __init__(self, url: str, timeout_s: float = 0.5, seed: int | None = None, connect_timeout_s: float = 10.0):
         if not url.startswith(("ws://", "wss://")):
             raise ValueError(f"url must start with ws:// or wss://, got {url!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         self.url, self.timeout_s, self._seed = url, float(timeout_s), seed
+        self.connect_timeout_s = float(connect_timeout_s)
         self._conn: ClientConnection | None = None
         self._id = 0
         self._lock = threading.Lock()
@@ -185,13 +197,14 @@ class NetworkRobot(Robot):
     def is_connected(self) -> bool:
         return self._conn is not None and self._conn.state is State.OPEN
 
-    def _call(self, op: str, **kw: Any) -> dict[str, Any]:
+    def _call(self, op: str, timeout_s: float | None = None, **kw: Any) -> dict[str, Any]:
         if self._conn is None:
             raise RobotNotConnectedError("NetworkRobot is not connected: call connect() or use `with robot:`")
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             self._id += 1
             rid = self._id
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + timeout_s
             try:
                 self._conn.send(wire.pack({"id": rid, "op": op, **kw}))
                 while True:
@@ -202,8 +215,7 @@ class NetworkRobot(Robot):
                     if isinstance(reply, Mapping) and reply.get("id") == rid:
                         break  # replies to older (timed-out) requests are skipped
             except TimeoutError:
-                raise RobotCommunicationError(f"robot at {self.url}: no reply to {op!r} within "
-                                              f"{self.timeout_s * 1000:.0f} ms") from None
+                raise _NoReply(f"robot at {self.url}: no reply to {op!r} within {timeout_s * 1000:.0f} ms") from None
             except (ConnectionClosed, OSError, WebSocketException) as e:
                 raise RobotCommunicationError(f"robot at {self.url}: link lost ({type(e).__name__})") from None
         if reply.get("error"):
@@ -222,14 +234,33 @@ class NetworkRobot(Robot):
                                  ping_interval=None, close_timeout=1)
         except (OSError, TimeoutError, WebSocketException) as e:
             raise RobotCommunicationError(f"no robot server at {self.url}: {type(e).__name__}: {e}") from None
-        hello = self._call("hello")
-        self.observation_spec = ObservationSpec.from_dict(hello["obs_spec"])
-        self.action_spec = ActionSpec.from_dict(hello["action_spec"])
-        self.task = str(hello.get("task", ""))
-        if self._seed is not None:
-            self.reset(self._seed)
-        else:
-            self._call("observe")  # the episode the server's robot is in
+        deadline = time.monotonic() + self.connect_timeout_s
+        try:
+            hello = self._handshake("hello", deadline)
+            self.observation_spec = ObservationSpec.from_dict(hello["obs_spec"])
+            self.action_spec = ActionSpec.from_dict(hello["action_spec"])
+            self.task = str(hello.get("task", ""))
+            if self._seed is not None:
+                self._handshake("reset", deadline, seed=self._seed)
+                self.last_info = {"success": False} if "success" in self.last_info else {}
+            else:
+                self._handshake("observe", deadline)  # the episode the server's robot is in
+        except BaseException:
+            self._conn.close()
+            self._conn = None
+            raise
+
+    def _handshake(self, op: str, deadline: float, **kw: Any) -> dict[str, Any]:
+        """``op``, sent again after each ``timeout_s`` without a reply, until ``deadline``."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RobotCommunicationError(f"robot at {self.url}: no reply to {op!r} within connect_timeout_s="
+                                              f"{self.connect_timeout_s:g} s")
+            try:
+                return self._call(op, timeout_s=min(self.timeout_s, left), **kw)
+            except _NoReply:
+                pass
 
     def reset(self, seed: int | None = None) -> dict[str, Any]:
         """Start a new episode on the server's simulator (``seed``: its seed)."""
