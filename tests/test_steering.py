@@ -345,6 +345,7 @@ def test_steer_command_smoke(tmp_path):
         assert key in m, key
     assert 48 <= m["env_steps"] < 48 + 2 * 4 and [p["env_steps"] for p in m["curve"]][:2] == [0, 24]
     assert m["compare"]["raw_sac"]["env_steps"] >= 48
+    assert m["target_success"] == m["success_after"]  # the comparison's target: the held-out figure
     for f in ("steer_curve.png", "report.md", "checkpoint/steering.json", "checkpoint/model.safetensors"):
         assert (run / f).is_file(), f
     assert list((run / "before" / "videos").iterdir()) and list((run / "after" / "videos").iterdir())
@@ -383,6 +384,24 @@ def test_initial_noise_is_the_base_policys_and_the_learner_sees_the_offset_rewar
     vec.reset()
     _, r, _, infos = vec.step(np.zeros((2, sp.dim), np.float32))
     assert np.allclose(r, [i["reward_terms"]["near"] - 1.0 for i in infos], atol=1e-5)
+
+
+def test_compare_steps_reads_every_curve_against_the_target():
+    from embodied.runtime.steer import compare_steps
+
+    def curve(*points):
+        return [{"env_steps": n, "success": v} for n, v in points]
+
+    main = curve((0, 0.5), (2500, 0.7), (5000, 0.9), (7500, 0.8))
+    others = {"slow": (curve((0, 0.1), (10000, 0.6), (20000, 0.9)), 20000),
+              "never": (curve((0, 0.0), (30000, 0.85)), 30000)}
+    t = compare_steps(main, others, target=0.9)
+    assert t["slow"] == {"steps_to_reach": 20000, "steps_ratio": 4.0, "steps_ratio_at_least": None}
+    assert t["never"] == {"steps_to_reach": None, "steps_ratio": None, "steps_ratio_at_least": 6.0}
+    # a steered curve that starts at the target (or never gets there) gives no ratio at all
+    assert compare_steps(main, others, target=0.5)["slow"]["steps_ratio"] is None
+    assert compare_steps(main, others, target=0.95)["never"] == {"steps_to_reach": None, "steps_ratio": None,
+                                                                 "steps_ratio_at_least": None}
 
 
 def test_report_ratio_never_rounds_a_lower_bound_up():
