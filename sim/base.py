@@ -103,8 +103,9 @@ class BaseEnv(gym.Env):
             (fields such as ``{color}`` are filled in).
         render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns (S, S, 3) uint8).
         render_size: side of ``render()`` frames. ``render()`` shows the scene without
-            MuJoCo's sensor visualisation (rangefinder rays); observation images keep MuJoCo's
-            default drawing, so what pixel policies see is unchanged.
+            MuJoCo's sensor visualisation (rangefinder rays) and with a world's own marks
+            (``_mark_render_scene``: Meta-World's goal marker drawn larger); observation images
+            keep MuJoCo's default drawing, so what pixel policies see is unchanged.
         max_episode_steps: override the task's time limit.
 
     Raises:
@@ -257,7 +258,7 @@ class BaseEnv(gym.Env):
         return np.array(self._state(), dtype=np.float32)
 
     # ------------------------------------------------------------- rendering
-    def _render(self, camera: str, size: int, scene_option: Any = None) -> np.ndarray:
+    def _render(self, camera: str, size: int, scene_option: Any = None, mark: bool = False) -> np.ndarray:
         r = self._renderers.get(size)
         if r is None:
             r = self._renderers[size] = make_renderer(self.model, size, size)
@@ -266,6 +267,8 @@ class BaseEnv(gym.Env):
                 atexit.register(_close_renderers)
             _LIVE_ENVS.add(self)
         r.update_scene(self.data, camera, scene_option=scene_option)
+        if mark:
+            self._mark_render_scene(r.scene)
         img = r.render()
         return np.ascontiguousarray(img[::-1, ::-1]) if camera in self._rotated else img
 
@@ -274,7 +277,12 @@ class BaseEnv(gym.Env):
             return None
         if self._render_view is None:
             self._render_view = _scene_view()
-        return self._render(self.render_camera, self.render_size, self._render_view)
+        return self._render(self.render_camera, self.render_size, self._render_view, mark=True)
+
+    def _mark_render_scene(self, scene: Any) -> None:
+        """Change what ``render()`` draws after MuJoCo has built its scene (``mjvScene``);
+        observation images are never passed here. A world overrides it (Meta-World draws its
+        goal marker larger); the default draws the scene as MuJoCo built it."""
 
     def close(self) -> None:
         for r in self._renderers.values():

@@ -139,6 +139,54 @@ def test_corner_cameras_are_upright():
     env.close()
 
 
+def _magenta(img: np.ndarray) -> np.ndarray:
+    img = img.astype(int)
+    return (img[..., 0] > 120) & (img[..., 2] > 120) & (img[..., 1] < 0.6 * np.minimum(img[..., 0], img[..., 2]))
+
+
+@pytest.mark.parametrize("task", ["reach-v3", "pick-place-v3", "button-press-topdown-v3"])
+def test_render_draws_the_goal_marker_but_observation_images_keep_metaworlds_drawing(task):
+    """render() (what the VLM reward and videos read) draws the goal site as a translucent
+    magenta sphere of GOAL_MARKER_RADIUS around the goal; observation images of the same
+    camera (what pixel policies read) are Meta-World's drawing (a 2 cm sphere), and neither the
+    model nor the simulation changes. A task without a goal site renders as before."""
+    from sim.metaworld.world import GOAL_MARKER_RADIUS
+
+    env = make_env(task, obs_mode="state+pixels", cameras=["corner"], image_size=64,
+                   render_mode="rgb_array", render_size=64)
+    obs, _ = env.reset(seed=3)
+    u = env.unwrapped
+    site_size, site_rgba = u.model.site_size.copy(), u.model.site_rgba.copy()
+    r = u._renderers[64]
+
+    def default() -> np.ndarray:  # Meta-World's drawing of the corner camera, turned upright
+        r.update_scene(u.data, "corner")
+        return np.ascontiguousarray(r.render()[::-1, ::-1])
+
+    assert np.array_equal(obs["image"], default())  # pixel policies see what they saw before
+    frame = env.render()
+    np.testing.assert_array_equal(u.model.site_size, site_size)  # the model is untouched
+    np.testing.assert_array_equal(u.model.site_rgba, site_rgba)
+    if u._goal_site < 0:  # button-press-topdown-v3 has no goal site
+        assert np.array_equal(frame, default())
+    else:
+        assert not _magenta(obs["image"]).any()
+        ys, xs = np.nonzero(_magenta(frame))
+        assert len(ys) >= 6  # a 2 cm sphere is about one pixel here; the marker is several
+        # The marker is drawn at the goal: project the goal through the corner camera.
+        cam = u.data.camera("corner")
+        rel = cam.xmat.reshape(3, 3).T @ (np.asarray(u.params["goal"]) - cam.xpos)  # camera frame, -z forward
+        f = 32 / np.tan(np.deg2rad(u.model.camera("corner").fovy[0]) / 2)
+        col, row = 32 + f * rel[0] / -rel[2], 32 - f * rel[1] / -rel[2]  # MuJoCo's (unrotated) image
+        col, row = 63 - col, 63 - row  # the frame is turned 180 degrees
+        assert abs(xs.mean() - col) < 3 and abs(ys.mean() - row) < 3, (xs.mean(), ys.mean(), col, row)
+        radius_px = f * GOAL_MARKER_RADIUS / -rel[2]
+        assert len(ys) <= np.pi * (radius_px + 1.5) ** 2
+    obs, *_ = env.step(np.zeros(4, np.float32))
+    assert np.array_equal(obs["image"], default())  # a render() call leaves observation images alone
+    env.close()
+
+
 @pytest.mark.parametrize("task", ["pick-place-v3", "door-open-v3"])
 def test_reset_is_deterministic(task):
     a_env, b_env = make_env(task), make_env(task)

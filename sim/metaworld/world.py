@@ -23,6 +23,12 @@ State (39,) float32 (Meta-World's observation, metres):
     36:39 goal position
 Pixel mode keeps the first 4 entries (proprioception) and adds camera images.
 
+Rendering: ``render()`` (what the VLM reward and videos read) draws the task's goal site
+(Meta-World's ``goal``: the point the gripper, the object or the handle must reach) as a
+translucent magenta sphere of radius ``GOAL_MARKER_RADIUS``; Meta-World draws it as a 2 cm
+sphere, about one pixel of a 64 px corner frame, red for reach-v3 like the arm. Observation
+images (what pixel policies read) keep Meta-World's drawing.
+
 Reward: Meta-World's shaped reward (in [0, 10]) divided by 10, the one named term
 ``"metaworld"``. Success is Meta-World's ``info["success"]``; the episode terminates on
 success (our convention) and is truncated at ``max_episode_steps`` (default 200; Meta-World
@@ -46,6 +52,8 @@ from sim.base import BaseEnv
 STATE_DIM = 39
 REWARD_SCALE = 10.0  # Meta-World rewards lie in [0, 10]
 _NO_STEP_LIMIT = 2**62  # replaces Meta-World's max_path_length (500), which raises when reached
+GOAL_MARKER_RADIUS = 0.05  # metres: reach-v3's and push-v3's success distance
+GOAL_MARKER_RGBA = (1.0, 0.0, 1.0, 0.5)  # magenta, a colour no MT10 scene uses; translucent, so what is inside shows
 
 
 class MetaWorldEnv(BaseEnv):
@@ -79,6 +87,9 @@ class MetaWorldEnv(BaseEnv):
         # floor); a 180-degree rotation of the image fixes that without mirroring it.
         self._rotated = frozenset(self.model.camera(i).name for i in range(self.model.ncam)
                                   if self.data.cam_xmat[i].reshape(3, 3)[2, 1] < 0)
+        import mujoco
+
+        self._goal_site = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, "goal")  # -1: none
         self._raw = np.zeros(STATE_DIM)  # Meta-World's last observation (float64), for the expert
         self._success = False
         self._plain: Any = None  # (Meta-World env, its policy) for the native_* baselines, built on first use
@@ -92,6 +103,20 @@ class MetaWorldEnv(BaseEnv):
     def native_env(self) -> Any:  # type: ignore[override]
         """Meta-World's own env, the one ``step`` drives (its ``step`` is Meta-World's)."""
         return self.mw
+
+    def _mark_render_scene(self, scene: Any) -> None:
+        """``render()`` frames show the goal site as a larger translucent marker (the module
+        docstring); only the drawn scene changes, not the model, so observation images and
+        the simulation are as Meta-World's."""
+        if self._goal_site < 0:
+            return
+        import mujoco
+
+        for i in range(scene.ngeom):
+            g = scene.geoms[i]
+            if g.objtype == mujoco.mjtObj.mjOBJ_SITE and g.objid == self._goal_site:
+                g.size[:] = GOAL_MARKER_RADIUS
+                g.rgba[:] = GOAL_MARKER_RGBA
 
     # ------------------------------------------------------------- gymnasium
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
