@@ -480,6 +480,18 @@ def test_select_best_keeps_the_best_validation_point_and_evaluates_on_other_seed
         SteerRunConfig(checkpoint="c", task="reach", select="first")
 
 
+def test_curve_plot_puts_the_final_star_at_the_kept_weights_and_names_the_curve_seeds():
+    from embodied.runtime.steer import curve_ylabel, kept_steps
+
+    assert kept_steps({"env_steps": 30015, "selected_env_steps": 10009}) == 10009
+    assert kept_steps({"env_steps": 30015, "selected_env_steps": 0}) == 0  # kept the initial actor
+    assert kept_steps({"env_steps": 30015}) == 30015  # select=last
+    m = {"curve": [{"episodes": 50}], "final_episodes": 100, "select": "best"}
+    assert curve_ylabel(m) == ("success, training wordings\n(curve: 50 episodes, validation seeds;\n"
+                               "star: 100, held-out seeds)")
+    assert "curve: 50 episodes, held-out seeds" in curve_ylabel({**m, "select": "last"})
+
+
 def test_steering_refuses_a_task_the_checkpoint_was_not_trained_on(tmp_path):
     from embodied.runtime.steer import Steering, SteerRunConfig
 

@@ -388,17 +388,32 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
     return metrics
 
 
+def kept_steps(run: Mapping[str, Any]) -> int:
+    """Env steps of the weights a method ended with (its metrics, or its ``compare`` entry): the
+    point ``select=best`` kept, else its last step."""
+    kept = run.get("selected_env_steps")
+    return int(run["env_steps"] if kept is None else kept)
+
+
+def curve_ylabel(metrics: Mapping[str, Any]) -> str:
+    """The curve plot's y label: which seeds the curve and the star were evaluated on."""
+    curve_seeds = "validation seeds" if metrics.get("select") == "best" else "held-out seeds"
+    return (f"success, training wordings\n(curve: {metrics['curve'][0]['episodes']} episodes, {curve_seeds};\n"
+            f"star: {metrics['final_episodes']}, held-out seeds)")
+
+
 def plot_curves(path: Path, metrics: dict[str, Any]) -> Path:
-    """Success (training wordings, held-out seeds) vs env steps of every method of a run; a star
-    marks each method's final evaluation (``final_episodes``)."""
+    """Success (training wordings) vs env steps of every method of a run; a star marks each
+    method's final evaluation (``final_episodes``, held-out seeds) at the env steps of the
+    weights it ended with (``kept_steps``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    series = [(metrics["method"], metrics["curve"], metrics["success_after"], metrics["env_steps"])]
-    series += [(k, v["curve"], v["success_after"], v["env_steps"]) for k, v in metrics["compare"].items()]
+    series = [(metrics["method"], metrics["curve"], metrics["success_after"], kept_steps(metrics))]
+    series += [(k, v["curve"], v["success_after"], kept_steps(v)) for k, v in metrics["compare"].items()]
     for name, curve, after, steps in series:
         pts = [(p["env_steps"], p["success"]) for p in curve if p.get("success") is not None]
         line = ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", label=name,
@@ -408,8 +423,7 @@ def plot_curves(path: Path, metrics: dict[str, Any]) -> Path:
     if metrics.get("success_before") is not None:
         ax.axhline(metrics["success_before"], color="grey", ls="--", lw=1, label="base policy")
     ax.set_xlabel("environment steps")
-    ax.set_ylabel(f"success, held-out seeds (curve: {metrics['curve'][0]['episodes']} episodes; "
-                  f"star: {metrics['final_episodes']})", fontsize=8)
+    ax.set_ylabel(curve_ylabel(metrics), fontsize=8)
     ax.set_ylim(-0.03, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
