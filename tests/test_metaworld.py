@@ -9,6 +9,7 @@ import sys
 import warnings
 
 import metaworld  # noqa: F401  (a hard dependency: missing, this module fails loudly, never skips)
+import mujoco
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -144,12 +145,13 @@ def _magenta(img: np.ndarray) -> np.ndarray:
     return (img[..., 0] > 120) & (img[..., 2] > 120) & (img[..., 1] < 0.6 * np.minimum(img[..., 0], img[..., 2]))
 
 
-@pytest.mark.parametrize("task", ["reach-v3", "pick-place-v3", "button-press-topdown-v3"])
+@pytest.mark.parametrize("task", ["reach-v3", "pick-place-v3", "button-press-topdown-v3", "window-open-v3"])
 def test_render_draws_the_goal_marker_but_observation_images_keep_metaworlds_drawing(task):
     """render() (what the VLM reward and videos read) draws the goal site as a translucent
     magenta sphere of GOAL_MARKER_RADIUS around the goal; observation images of the same
     camera (what pixel policies read) are Meta-World's drawing (a 2 cm sphere), and neither the
-    model nor the simulation changes. A task without a goal site renders as before."""
+    model nor the simulation changes. A task without a goal site, or whose goal is an object's
+    state rather than a point in free space (window-open-v3), renders as before."""
     from sim.metaworld.world import GOAL_MARKER_RADIUS
 
     env = make_env(task, obs_mode="state+pixels", cameras=["corner"], image_size=64,
@@ -167,7 +169,11 @@ def test_render_draws_the_goal_marker_but_observation_images_keep_metaworlds_dra
     frame = env.render()
     np.testing.assert_array_equal(u.model.site_size, site_size)  # the model is untouched
     np.testing.assert_array_equal(u.model.site_rgba, site_rgba)
-    if u._goal_site < 0:  # button-press-topdown-v3 has no goal site
+    from sim.metaworld.world import GOAL_MARKED_TASKS
+
+    has_site = mujoco.mj_name2id(u.model, mujoco.mjtObj.mjOBJ_SITE, "goal") >= 0
+    assert has_site == (task != "button-press-topdown-v3")
+    if not task.startswith(GOAL_MARKED_TASKS):  # no goal site, or a goal that is an object's state
         assert np.array_equal(frame, default())
     else:
         assert not _magenta(obs["image"]).any()

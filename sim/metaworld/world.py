@@ -23,11 +23,13 @@ State (39,) float32 (Meta-World's observation, metres):
     36:39 goal position
 Pixel mode keeps the first 4 entries (proprioception) and adds camera images.
 
-Rendering: ``render()`` (what the VLM reward and videos read) draws the task's goal site
-(Meta-World's ``goal``: the point the gripper, the object or the handle must reach) as a
+Rendering: ``render()`` (what the VLM reward and videos read) draws the goal site of the
+tasks whose goal is a point in free space (``GOAL_MARKED_TASKS``: reach, push and pick-place
+and their variants, where nothing else in the scene shows where success is) as a
 translucent magenta sphere of radius ``GOAL_MARKER_RADIUS``; Meta-World draws it as a 2 cm
-sphere, about one pixel of a 64 px corner frame, red for reach-v3 like the arm. Observation
-images (what pixel policies read) keep Meta-World's drawing.
+sphere, about one pixel of a 64 px corner frame, red for reach-v3 like the arm. Tasks whose
+goal is a state of an object (a window, a drawer, a door) are drawn as Meta-World draws them.
+Observation images (what pixel policies read) keep Meta-World's drawing.
 
 Reward: Meta-World's shaped reward (in [0, 10]) divided by 10, the one named term
 ``"metaworld"``. Success is Meta-World's ``info["success"]``; the episode terminates on
@@ -53,6 +55,8 @@ STATE_DIM = 39
 REWARD_SCALE = 10.0  # Meta-World rewards lie in [0, 10]
 _NO_STEP_LIMIT = 2**62  # replaces Meta-World's max_path_length (500), which raises when reached
 GOAL_MARKER_RADIUS = 0.05  # metres: reach-v3's and push-v3's success distance
+#: task-name prefixes whose goal is a point in free space, marked in render() frames
+GOAL_MARKED_TASKS = ("reach", "push", "pick-place")
 GOAL_MARKER_RGBA = (1.0, 0.0, 1.0, 0.5)  # magenta, a colour no MT10 scene uses; translucent, so what is inside shows
 
 
@@ -89,7 +93,8 @@ class MetaWorldEnv(BaseEnv):
                                   if self.data.cam_xmat[i].reshape(3, 3)[2, 1] < 0)
         import mujoco
 
-        self._goal_site = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, "goal")  # -1: none
+        marked = self.spec_task.name.startswith(GOAL_MARKED_TASKS)
+        self._goal_site = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, "goal") if marked else -1
         self._raw = np.zeros(STATE_DIM)  # Meta-World's last observation (float64), for the expert
         self._success = False
         self._plain: Any = None  # (Meta-World env, its policy) for the native_* baselines, built on first use
