@@ -361,7 +361,6 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
     # most precise estimate the run makes; every method's curve is read against it
     target = after["success"] or 0.0
     table = compare_steps(steered.curve, {r.name: (r.curve, r.env_steps) for r in runs[1:]}, target)
-    reach_main = steps_to_reach(steered.curve, target)
     compare = {}
     for r in runs[1:]:
         final, _ = s.evaluate(r.policy, cfg.final_episodes)
@@ -373,7 +372,8 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
         "success_before": before["success"], "heldout_before": before["heldout"],
         "success_after": after["success"], "heldout_after": after["heldout"],
         "ci_before": before["ci"], "ci_after": after["ci"], "final_episodes": cfg.final_episodes,
-        "env_steps": steered.env_steps, "steps_to_reach": reach_main, "target_success": target,
+        "env_steps": steered.env_steps, "steps_to_reach": steps_to_reach(steered.curve, target),
+        "target_success": target,
         "train_success": steered.train_success, "curve": steered.curve, "steer_wall_time_s": steered.wall_time_s,
         **steered.extra, "compare": compare, "videos": videos, "eval_seed": cfg.eval_seed, "seed": cfg.seed,
         "select": cfg.select, "val_seed": cfg.val_seed if cfg.select == "best" else None,

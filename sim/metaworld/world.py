@@ -54,9 +54,9 @@ from sim.base import BaseEnv
 STATE_DIM = 39
 REWARD_SCALE = 10.0  # Meta-World rewards lie in [0, 10]
 _NO_STEP_LIMIT = 2**62  # replaces Meta-World's max_path_length (500), which raises when reached
-GOAL_MARKER_RADIUS = 0.05  # metres: reach-v3's and push-v3's success distance
 #: task-name prefixes whose goal is a point in free space, marked in render() frames
 GOAL_MARKED_TASKS = ("reach", "push", "pick-place")
+GOAL_MARKER_RADIUS = 0.05  # metres: reach-v3's and push-v3's success distance
 GOAL_MARKER_RGBA = (1.0, 0.0, 1.0, 0.5)  # magenta, a colour no MT10 scene uses; translucent, so what is inside shows
 
 
@@ -94,7 +94,8 @@ class MetaWorldEnv(BaseEnv):
         import mujoco
 
         marked = self.spec_task.name.startswith(GOAL_MARKED_TASKS)
-        self._goal_site = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, "goal") if marked else -1
+        # the site render() marks: the goal's, on tasks whose goal is a free point; -1: none
+        self._marked_site = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_SITE, "goal") if marked else -1
         self._raw = np.zeros(STATE_DIM)  # Meta-World's last observation (float64), for the expert
         self._success = False
         self._plain: Any = None  # (Meta-World env, its policy) for the native_* baselines, built on first use
@@ -113,13 +114,13 @@ class MetaWorldEnv(BaseEnv):
         """``render()`` frames show the goal site as a larger translucent marker (the module
         docstring); only the drawn scene changes, not the model, so observation images and
         the simulation are as Meta-World's."""
-        if self._goal_site < 0:
+        if self._marked_site < 0:
             return
         import mujoco
 
         for i in range(scene.ngeom):
             g = scene.geoms[i]
-            if g.objtype == mujoco.mjtObj.mjOBJ_SITE and g.objid == self._goal_site:
+            if g.objtype == mujoco.mjtObj.mjOBJ_SITE and g.objid == self._marked_site:
                 g.size[:] = GOAL_MARKER_RADIUS
                 g.rgba[:] = GOAL_MARKER_RGBA
 
