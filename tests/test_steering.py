@@ -339,12 +339,14 @@ def test_steer_command_smoke(tmp_path):
     run = tmp_path / "steer"
     embodied("steer", f"checkpoint={ckpt}", "task=reach", "env_steps=48", "num_envs=2", "eval_every=24",
              "eval_episodes=1", "final_episodes=1", "videos=1", "steer.batch_size=8", "steer.learning_starts=4",
-             "steer.net_arch=[16,16]", "compare=[raw_sac]", f"hydra.run.dir={run}", cwd=tmp_path)
+             "steer.net_arch=[16,16]", "compare=[raw_sac]", "compare_env_steps=96", f"hydra.run.dir={run}", cwd=tmp_path)
     m = json.loads((run / "metrics.json").read_text())
     for key in ("success_before", "success_after", "env_steps", "wall_time_s", "curve", "heldout_after"):
         assert key in m, key
     assert 48 <= m["env_steps"] < 48 + 2 * 4 and [p["env_steps"] for p in m["curve"]][:2] == [0, 24]
-    assert m["compare"]["raw_sac"]["env_steps"] >= 48
+    # the baseline trains on its own, longer budget (compare_env_steps); the steered method on env_steps
+    assert 96 <= m["compare"]["raw_sac"]["env_steps"] < 96 + 2 * 4
+    assert m["compare"]["raw_sac"]["curve"][-1]["env_steps"] >= 96
     assert m["target_success"] == m["success_after"]  # the comparison's target: the held-out figure
     for f in ("steer_curve.png", "report.md", "checkpoint/steering.json", "checkpoint/model.safetensors"):
         assert (run / f).is_file(), f

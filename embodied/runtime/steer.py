@@ -64,6 +64,9 @@ class SteerRunConfig:
     # steer=sac|td3|ppo|na (config group configs/steer/); any field as steer.<field>=value
     steer: SteerConfig = field(default_factory=SteerConfig)
     compare: list[str] = field(default_factory=list)  # other methods on the same budget (COMPARE)
+    # the compare methods' budget (0: env_steps). A baseline that does not reach the steered
+    # policy's success within env_steps only bounds the ratio; a longer budget measures it
+    compare_env_steps: int = 0
     demos: int = 0  # DSRL-NA: scripted-expert episodes whose chunks seed the action critic
     residual_scale: float = 0.3  # residual_sac: residual = scale x action in [-1, 1]
     baseline_utd: int = 1  # raw_sac / residual_sac: gradient steps per transition
@@ -93,7 +96,7 @@ class SteerRunConfig:
         for name in ("env_steps", "num_envs", "eval_episodes", "final_episodes", "threads", "baseline_utd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is not allowed: must be >= 1")
-        for name in ("eval_every", "demos", "videos", "num_inference_steps"):
+        for name in ("eval_every", "demos", "videos", "num_inference_steps", "compare_env_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} is not allowed: must be >= 0")
         if not self.residual_scale > 0:
@@ -212,6 +215,12 @@ class Steering:
         return {k: s[k] for k in ("success", "heldout") if s[k] is not None}
 
     # ---- methods ----------------------------------------------------------------------------
+    def budget(self, name: str) -> int:
+        """Env steps method ``name`` trains for: ``env_steps`` for the run's own steering method,
+        ``compare_env_steps`` (when set) for the methods it is compared with."""
+        main = f"dsrl_{self.steer_cfg.algo}"
+        return self.cfg.compare_env_steps if name != main and self.cfg.compare_env_steps else self.cfg.env_steps
+
     def run(self, name: str) -> Run:
         """Train method ``name`` (``dsrl_<algo>``, ``raw_sac`` or ``residual_sac``) on the budget."""
         from policies.steering.progress import Progress
@@ -230,7 +239,7 @@ class Steering:
             return postfix
 
         point(0)
-        progress = Progress(self.cfg.env_steps, point, self.cfg.eval_every, desc=name, show=self.cfg.progress)
+        progress = Progress(self.budget(name), point, self.cfg.eval_every, desc=name, show=self.cfg.progress)
         try:
             learner(progress)
         finally:
@@ -273,7 +282,7 @@ class Steering:
             policy = ResidualPolicy(self.base, actor, cfg.residual_scale, self.base.unwrapped.action_spec)
 
         def learn(progress: Any) -> None:
-            model.learn(cfg.env_steps, callback=ProgressCallback(progress), tb_log_name=name)
+            model.learn(self.budget(name), callback=ProgressCallback(progress), tb_log_name=name)
 
         return learn, policy, {"utd": base_cfg.utd}
 
@@ -310,7 +319,7 @@ class Steering:
         policy = SteeredPolicy(self.base, SB3Actor.of(model, scfg), self.space)
 
         def learn(progress: Any) -> None:
-            model.learn(cfg.env_steps, callback=ProgressCallback(progress), tb_log_name=name)
+            model.learn(self.budget(name), callback=ProgressCallback(progress), tb_log_name=name)
 
         return learn, policy, extra
 
