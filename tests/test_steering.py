@@ -347,6 +347,7 @@ def test_steer_command_smoke(tmp_path):
     # the baseline trains on its own, longer budget (compare_env_steps); the steered method on env_steps
     assert 96 <= m["compare"]["raw_sac"]["env_steps"] < 96 + 2 * 4
     assert m["compare"]["raw_sac"]["curve"][-1]["env_steps"] >= 96
+    assert m["compare_env_steps"] == 96 and "budget 96 env steps for the compared methods" in (run / "report.md").read_text()
     assert m["target_success"] == m["success_after"]  # the comparison's target: the held-out figure
     for f in ("steer_curve.png", "report.md", "checkpoint/steering.json", "checkpoint/model.safetensors"):
         assert (run / f).is_file(), f

@@ -386,6 +386,7 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
         "train_success": steered.train_success, "curve": steered.curve, "steer_wall_time_s": steered.wall_time_s,
         **steered.extra, "compare": compare, "videos": videos, "eval_seed": cfg.eval_seed, "seed": cfg.seed,
         "select": cfg.select, "val_seed": cfg.val_seed if cfg.select == "best" else None,
+        "compare_env_steps": cfg.compare_env_steps or cfg.env_steps if cfg.compare else None,
         "checkpoint_out": str(out / "checkpoint"),
     }
     metrics["wall_time_s"] = time.time() - t0
@@ -466,7 +467,10 @@ def write_report(out: Path, m: dict[str, Any]) -> Path:
                   f"evaluation ({pct(m['selected_val_success'])}, both wording splits) on validation seeds from "
                   f"{m['val_seed']}; the table above is on the held-out seeds from {m['eval_seed']}.", ""]
     if m["compare"]:
-        lines += [f"Same budget, same seeds; env steps each curve needs to reach {pct(m['target_success'])}, the "
+        longer = m.get("compare_env_steps") or 0
+        same = (f"Same seeds; budget {longer} env steps for the compared methods (compare_env_steps), against "
+                f"{m['method']}'s {m['env_steps']}" if longer > m["env_steps"] else "Same budget, same seeds")
+        lines += [f"{same}; env steps each curve needs to reach {pct(m['target_success'])}, the "
                   f"steered policy's held-out success ({m['method']}: {m['steps_to_reach']}):", "",
                   "| method | success after | held-out wordings | env steps to reach | ratio | wall time |",
                   "|---|---|---|---|---|---|"]
