@@ -182,6 +182,51 @@ def test_ranking_partners_come_from_the_same_episode():
                         episode=np.array([0, 0, 1, 1, 0, 2, 2, 2, 2, 2]))
 
 
+def test_synthetic_paraphrases_vary_the_goal_as_training_wordings_do():
+    from rewards.vlm.fit import ParaphraseNoise
+
+    # goal 0's wordings differ only along axis 2 (by +-0.3); goal 1 has one wording (adds no spread)
+    table = torch.tensor([[1.0, 0.0, 0.3, 0.0], [1.0, 0.0, -0.3, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    noise = ParaphraseNoise(table, np.array([0, 2]), np.array([2, 1]), seed=0)
+    drawn = noise.draw(np.array([0] * 4000 + [1] * 4000))
+    assert torch.allclose(drawn.norm(dim=1), torch.ones(len(drawn)))
+    assert float(drawn[:, 3].abs().max()) < 1e-6  # no direction the training wordings do not vary in
+    g0, g1 = drawn[:4000], drawn[4000:]
+    # before normalising: goal mean + N(0, C), C = 2 * 0.3^2 / (2 - 1) along axis 2
+    assert float((g0[:, 2] / g0[:, 0]).std()) == pytest.approx(0.3 * np.sqrt(2), rel=0.05)
+    assert float(g0[:, 1].abs().max()) < 1e-6
+    # the one-wording goal moves along the pooled direction too
+    assert float((g1[:, 2] / g1[:, 1]).std()) == pytest.approx(0.3 * np.sqrt(2), rel=0.05)
+    with pytest.raises(ValueError, match="at least two"):
+        ParaphraseNoise(table[2:], np.array([0]), np.array([1]), seed=0)
+
+
+def test_synthetic_wordings_change_the_fit_only_when_asked():
+    from rewards.vlm.fit import CaptionedFrames, FitSettings, fit_image_tower
+    from rewards.vlm.text import MiniLMText
+
+    rng = np.random.default_rng(0)
+    episode = np.repeat([0, 1], 6)
+    data = CaptionedFrames(rng.integers(0, 255, (12, 64, 64, 3), dtype=np.uint8), np.arange(12), episode,
+                           np.tile(np.linspace(0, 1, 6, dtype=np.float32), 2),
+                           [["pick up the red block", "lift the red cube"], ["press the button", "push the button"]],
+                           episode=episode)
+
+    def fitted(synthetic: float) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = build_open_clip("ViT-S-32", {"embed_dim": 384, "vision_cfg": TINY_VISION,
+                                             "text_cfg": PLACEHOLDER_TEXT})
+        fit_image_tower(model, MiniLMText(), ImagePreprocess(64, OPENAI_MEAN, OPENAI_STD), data,
+                        FitSettings(steps=3, batch_size=8, warmup=1, log_every=1, synthetic_wordings=synthetic))
+        return [p.detach().clone() for p in model.visual.parameters()]
+
+    base, again, synthetic = fitted(0.0), fitted(0.0), fitted(1.0)
+    assert all(torch.equal(a, b) for a, b in zip(base, again))
+    assert not all(torch.equal(a, b) for a, b in zip(base, synthetic))
+    with pytest.raises(ValueError, match="synthetic_wordings"):
+        FitSettings(synthetic_wordings=1.5)
+
+
 # -------------------------------------------------------------------------------- math
 def test_projection_reward_against_the_matrix_formula():
     rng = np.random.default_rng(1)
