@@ -172,6 +172,7 @@ class Steering:
         check_trained_task(self.base, cfg.task, cfg.checkpoint)
         # the run's seed reaches the learner too (SB3 also seeds the training envs from it)
         self.steer_cfg = replace(cfg.steer, seed=cfg.steer.seed + cfg.seed)
+        self.main = f"dsrl_{self.steer_cfg.algo}"  # the run's own method; cfg.compare's are the others
         self.space = NoiseSpace.for_policy(self.base, self.steer_cfg)
         self.env_kw = policy_env_kwargs(self.base, [cfg.task])
         self.reward: Any = cfg.reward
@@ -218,8 +219,7 @@ class Steering:
     def budget(self, name: str) -> int:
         """Env steps method ``name`` trains for: ``env_steps`` for the run's own steering method,
         ``compare_env_steps`` (when set) for the methods it is compared with."""
-        main = f"dsrl_{self.steer_cfg.algo}"
-        return self.cfg.compare_env_steps if name != main and self.cfg.compare_env_steps else self.cfg.env_steps
+        return self.cfg.compare_env_steps if name != self.main and self.cfg.compare_env_steps else self.cfg.env_steps
 
     def run(self, name: str) -> Run:
         """Train method ``name`` (``dsrl_<algo>``, ``raw_sac`` or ``residual_sac``) on the budget."""
@@ -356,7 +356,7 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     s = Steering(cfg, out)
-    main = f"dsrl_{s.steer_cfg.algo}"
+    main = s.main
     before, res = s.evaluate(s.base, cfg.final_episodes, videos=cfg.videos)
     videos = {"before": save_videos(out / "before", res) if cfg.videos else {}}
     log.info("before: success %s (held-out wordings %s) on %d held-out seeds", pct(before["success"]),
@@ -386,7 +386,7 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
         "train_success": steered.train_success, "curve": steered.curve, "steer_wall_time_s": steered.wall_time_s,
         **steered.extra, "compare": compare, "videos": videos, "eval_seed": cfg.eval_seed, "seed": cfg.seed,
         "select": cfg.select, "val_seed": cfg.val_seed if cfg.select == "best" else None,
-        "compare_env_steps": cfg.compare_env_steps or cfg.env_steps if cfg.compare else None,
+        "compare_env_steps": (cfg.compare_env_steps or cfg.env_steps) if cfg.compare else None,
         "checkpoint_out": str(out / "checkpoint"),
     }
     metrics["wall_time_s"] = time.time() - t0
