@@ -143,7 +143,71 @@ def test_episode_progress_labels_rise_from_zero_in_every_episode():
     with pytest.raises(ValueError, match="label_progress"):
         from embodied.runtime.reward import RewardFitConfig
 
-        RewardFitConfig(label_progress="time")
+        RewardFitConfig(label_progress="elapsed")
+
+
+def _two_episode_bank():
+    """A successful episode (first success at step 8, every other frame kept, two hold steps,
+    the goal lost on the last) whose dense reward is flat until the success, and an episode
+    that never succeeds."""
+    from embodied.runtime.reward import RolloutBank
+
+    step = np.array([2, 4, 6, 8, 9, 10, 1, 2, 3, 4])
+    episode = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 1])
+    success = np.array([0, 0, 0, 1, 1, 0, 0, 0, 0, 0], bool)
+    post = np.array([0, 0, 0, 0, 1, 1, 0, 0, 0, 0], bool)
+    gt = np.array([0.05, 0.04, 0.05, 1.0, 1.0, 0.9, 0.1, 0.3, 0.2, 0.6], np.float32)
+    n = len(step)
+    episodes = [{"task": "reach", "params": {}, "behaviour": "expert", "success": True, "length": 8},
+                {"task": "reach", "params": {}, "behaviour": "random", "success": False, "length": 4}]
+    return RolloutBank(np.zeros((n, 8, 8, 3), np.uint8), np.zeros((n, 2), np.float32), episode, step, success,
+                       gt, post, episodes)
+
+
+def test_time_labels_rise_along_a_successful_episode_whose_dense_reward_is_flat():
+    from embodied.runtime.reward import captions_from_bank
+
+    bank = _two_episode_bank()
+    templates = {"reach": ["reach the goal", "touch the target"]}
+    time = captions_from_bank(bank, templates, "time")
+    dense = captions_from_bank(bank, templates, "dense")
+    ok, failed = bank.episode == 0, bank.episode == 1
+    # before the success: half the elapsed fraction step / 8, rising although the dense reward is flat
+    assert np.allclose(time.label[:3], [0.125, 0.25, 0.375], atol=1e-6)
+    assert not np.all(np.diff(dense.label[:3]) > 0)
+    # from the first success on progress is complete; the success half still follows the goal
+    assert np.allclose(time.label[3:6], [1.0, 1.0, 0.5], atol=1e-6)
+    # an episode that never succeeds keeps its dense labels
+    assert np.allclose(time.label[failed], dense.label[failed]) and not np.allclose(time.label[ok], dense.label[ok])
+    assert np.allclose(time.label[failed], 0.5 * bank.gt_reward[failed])
+
+
+def test_time_labels_follow_the_recorded_first_success_of_a_played_bank():
+    from embodied.runtime.reward import BankConfig, collect_bank, time_progress
+
+    cfg = BankConfig(seeds=1, behaviours=["expert", "random"], hold_steps=3, frame_stride=3)
+    bank = collect_bank(["reach"], cfg, 16, progress=False)
+    first = np.array([e["length"] if e["success"] else 0 for e in bank.episodes])
+    p = time_progress(bank.step, bank.episode, first, bank.gt_reward)
+    for i, e in enumerate(bank.episodes):
+        rows = np.flatnonzero(bank.episode == i)
+        if e["success"]:  # 1 exactly from the first success's frame on, below 1 and rising before it
+            done = bank.step[rows] >= e["length"]
+            assert np.array_equal(p[rows] == 1.0, done) and bank.step[rows][done][0] == e["length"]
+            assert bank.step[rows][-1] == e["length"] + cfg.hold_steps
+            assert np.all(np.diff(p[rows][~done]) > 0)
+        else:
+            assert np.allclose(p[rows], np.clip(bank.gt_reward[rows], 0, 1))
+    assert any(e["success"] for e in bank.episodes)
+
+
+def test_unknown_label_progress_gives_a_clear_error():
+    from embodied.runtime.reward import RewardFitConfig, captions_from_bank
+
+    with pytest.raises(ValueError, match=r"label_progress must be one of \['dense', 'episode', 'time'\], got 'steps'"):
+        captions_from_bank(_two_episode_bank(), {"reach": ["reach the goal"]}, "steps")
+    with pytest.raises(ValueError, match="label_progress must be one of"):
+        RewardFitConfig(label_progress="Time")
 
 
 def test_ranking_loss_asks_the_frame_further_along_to_score_higher():

@@ -8,7 +8,10 @@ keeps the frame the reward reads (one camera's observation image, or ``env.rende
 the reward's frame side), the privileged state and the ground truth: success and the task's
 dense reward. Banks feed
 both fitting (training seeds, training wordings) and evaluation (held-out seeds, held-out
-wordings); any ``RewardModel`` can be evaluated on one.
+wordings); any ``RewardModel`` can be evaluated on one. Fitting labels each frame with how far
+its goal holds, 1/2 progress + 1/2 success, with progress per ``RewardFitConfig.label_progress``:
+the dense reward (``dense``), its rise along the episode (``episode``), or the elapsed fraction
+of an episode up to its first success, the dense reward in episodes that never succeed (``time``).
 
     embodied reward fit suite=manipulation                     # -> RUN/reward (the checkpoint)
     embodied reward eval suite=manipulation reward.checkpoint=RUN/reward
@@ -265,7 +268,10 @@ class RewardFitConfig:
     fit: FitSettings = field(default_factory=FitSettings)  # optimisation (rewards.vlm.fit)
     # the progress half of each frame's caption label (captions_from_bank): "dense" = the dense
     # reward; "episode" = the dense reward's rise since the episode's first frame, scaled so
-    # that it reaches 1 at the dense reward's maximum (labels rise from 0 along every episode)
+    # that it reaches 1 at the dense reward's maximum (labels rise from 0 along every episode);
+    # "time" = in an episode that succeeds, the elapsed fraction up to its first success
+    # (step / first success step, 1 from the success on), the dense reward in the others
+    # (time_progress: a progress label that rises where the dense reward is flat, issue 16)
     label_progress: str = "dense"
     out: str = ""  # checkpoint folder (default: RUN/reward)
     bank_path: str = ""  # reuse a saved bank (must match `bank`)
@@ -292,9 +298,6 @@ class RewardFitConfig:
             raise ValueError(f"label_progress must be one of {list(LABEL_PROGRESS)}, got {self.label_progress!r}")
 
 
-LABEL_PROGRESS = ("dense", "episode")
-
-
 def episode_progress(gt_reward: np.ndarray, episode: np.ndarray) -> np.ndarray:
     """Each frame's dense reward as its rise since its episode's first frame, in [0, 1]:
     (r_t - r_0) / (1 - r_0), clipped (dense rewards lie in [0, 1])."""
@@ -302,6 +305,49 @@ def episode_progress(gt_reward: np.ndarray, episode: np.ndarray) -> np.ndarray:
     ids, first = np.unique(np.asarray(episode), return_index=True)  # each episode's earliest frame
     r0 = r[first][np.searchsorted(ids, episode)]
     return np.clip((r - r0) / np.maximum(1.0 - r0, 1e-3), 0.0, 1.0).astype(np.float32)
+
+
+def time_progress(step: np.ndarray, episode: np.ndarray, first_success: np.ndarray,
+                  gt_reward: np.ndarray) -> np.ndarray:
+    """Each frame's progress in [0, 1] as the elapsed fraction of a successful episode.
+
+    Args:
+        step: int (N,), steps taken at each frame (1 = the frame after the first action).
+        episode: int (N,), each frame's episode index into ``first_success``.
+        first_success: int (E,), the step of each episode's first success; 0 for an episode
+            that never succeeds.
+        gt_reward: float (N,), the task's dense reward of each frame's step, in [0, 1].
+
+    Returns:
+        float32 (N,): ``step / first_success`` clipped to 1 in an episode that succeeds (its
+        frames from the first success on are complete, so a hold frame where the goal no longer
+        holds gets the caption label 1/2), the clipped dense reward in the others.
+
+    This is how progress estimators trained on demonstrations label frames (the elapsed
+    fraction of a successful demonstration); it rises where a task's dense reward is flat, as
+    Meta-World's is for most of the approach of drawer-close and the window tasks (issue 16).
+    Taking max(elapsed fraction, dense reward) was considered and not used: it would bring
+    back the dense reward's order wherever that exceeds the elapsed fraction, and on the
+    tasks this is for the dense reward orders expert frames poorly (drawer-close-v3's own
+    value-order correlation is 0.46, see docs/results.md).
+    """
+    first = np.asarray(first_success, np.int64)[np.asarray(episode)]
+    dense = np.clip(np.asarray(gt_reward, np.float64), 0.0, 1.0)
+    elapsed = np.asarray(step, np.float64) / np.maximum(first, 1)
+    return np.where(first > 0, np.clip(elapsed, 0.0, 1.0), dense).astype(np.float32)
+
+
+def _first_success_steps(bank: RolloutBank) -> np.ndarray:
+    """int (E,): each episode's first success step (its recorded length), 0 if it never succeeds."""
+    return np.array([int(e["length"]) if e["success"] else 0 for e in bank.episodes], np.int64)
+
+
+# the progress half of the caption labels, by RewardFitConfig.label_progress: bank -> float (N,)
+LABEL_PROGRESS: dict[str, Callable[[RolloutBank], np.ndarray]] = {
+    "dense": lambda bank: bank.gt_reward,
+    "episode": lambda bank: episode_progress(bank.gt_reward, bank.episode),
+    "time": lambda bank: time_progress(bank.step, bank.episode, _first_success_steps(bank), bank.gt_reward),
+}
 
 
 def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], label_progress: str = "dense"):
@@ -320,9 +366,9 @@ def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], l
             keys[key] = len(groups)
             groups.append(goal_wordings(templates[e["task"]], params))
         ep_group[i] = keys[key]
-    # progress: the dense reward, except that frames the goal holds in count as complete
-    progress = bank.gt_reward if label_progress == "dense" else episode_progress(bank.gt_reward, bank.episode)
-    label = caption_label(bank.success, progress)
+    if label_progress not in LABEL_PROGRESS:
+        raise ValueError(f"label_progress must be one of {list(LABEL_PROGRESS)}, got {label_progress!r}")
+    label = caption_label(bank.success, LABEL_PROGRESS[label_progress](bank))
     return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups, bank.states,
                            bank.episode)
 

@@ -6,9 +6,11 @@ a task with its parameters, in all its training wordings) holds in a frame,
 
     label = 1/2 progress + 1/2 success        in [0, 1],
 
-with ``progress`` the task's ground-truth dense reward in [0, 1] and ``success`` its success
-predicate, so every success frame (>= 1/2) is labelled above every other frame of that goal
-(< 1/2), and frames that are further along rank higher. ``caption_label`` computes it.
+with ``progress`` in [0, 1] from simulator ground truth (the task's dense reward, its rise
+along the episode, or the elapsed fraction of an episode that succeeds: the caller's choice,
+``label_progress`` of ``embodied reward fit``) and ``success`` its success predicate, so every
+success frame (>= 1/2) is labelled above every other frame of that goal (<= 1/2), and frames
+that are further along rank higher. ``caption_label`` computes it.
 
 Loss (locked-text tuning -- LiT's recipe with the roles swapped: the text side is frozen --
 with SigLIP's pairwise sigmoid): for a frame x and K wordings w_1..w_K of its goal drawn at
