@@ -239,6 +239,30 @@ def test_train_snapshots_then_eval_success_curve(tmp_path):
     assert [int(r.split("|")[1]) for r in rows] == [2, 4, 5, 6, 8]
 
 
+
+def test_checkpoint_series_reports_each_custom_wording_figure(tmp_path):
+    """With instructions_file= (custom wordings, splits=[]) every checkpoint's custom success and its
+    Wilson interval are in its entry and in the report's series table, not only the last one's."""
+    from embodied.runtime.evaluate import _series_section, checkpoint_entry
+    from embodied.runtime.rollout import wilson_interval
+
+    def metrics(k: int) -> dict:
+        return {"success_rate": None, "heldout_paraphrase_success_rate": None, "custom_instruction_success_rate":
+                k / 100, "per_task": {"reach": {"custom": {"success_rate": k / 100, "episodes": 100}}}}
+
+    entries = [checkpoint_entry(f"/ck/{k}", i, metrics(k), step_source="index") for i, k in enumerate((69, 57))]
+    assert [e["custom_instruction_success_rate"] for e in entries] == [0.69, 0.57]
+    assert entries[0]["custom_ci"] == list(wilson_interval(69, 100)) and entries[0]["ci"] is None
+    rows = [r for r in _series_section(tmp_path, entries) if r.startswith("| ")]
+    assert "custom wordings" in rows[0]
+    assert rows[1].startswith("| 0 | – | – | 69% [59, 77] | `/ck/69` |")
+    assert rows[2].startswith("| 1 | – | – | 57% [47, 66] | `/ck/57` |")
+    # without custom wordings the table keeps its three columns
+    plain = checkpoint_entry("/ck/p", 0, {"success_rate": 0.5, "heldout_paraphrase_success_rate": None,
+                                          "per_task": {"reach": {"success_rate": 0.5, "episodes": 10}}})
+    rows = [r for r in _series_section(tmp_path, [plain]) if r.startswith("| ")]
+    assert "custom" not in rows[0] and rows[1].count("|") == 5
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # train.yaml's recipe layers, in the order they apply: (group under configs/recipe/, option)
 LAYERS = (("suite", "{suite}"), ("obs_mode", "{obs_mode}"), ("suite_obs_mode", "{suite}_{obs_mode}"),

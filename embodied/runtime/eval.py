@@ -331,8 +331,10 @@ def _run_series(cfg: EvalConfig, out: Path, tasks: list[str], instructions: dict
         log.info("checkpoint %d/%d: %s (step %d)", k + 1, len(series), path, step)
         metrics, results = _evaluate_one(cfg, tasks, instructions, path, cfg.videos if last else 0)
         entries.append(checkpoint_entry(path, step, metrics, step_source=source))
-        log.info("step %d: success %.3f, held-out %s", step, metrics["success_rate"] or 0,
-                 metrics["heldout_paraphrase_success_rate"])
+        own = metrics.get("custom_instruction_success_rate")
+        log.info("step %d: success %s, held-out %s%s", step, pct(metrics["success_rate"]),
+                 pct(metrics["heldout_paraphrase_success_rate"]),
+                 "" if own is None else f", custom wordings {pct(own)}")
     videos = save_videos(out, results) if cfg.videos else {}
     metrics["videos"] = videos
     metrics["policy"] = series[-1][0]

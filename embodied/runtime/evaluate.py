@@ -337,12 +337,15 @@ def checkpoint_entry(checkpoint: str, step: int, metrics: Mapping[str, Any], ste
              "episodes_per_task": metrics.get("episodes_per_task"), "wall_time_s": metrics.get("wall_time_s", 0.0)}
     if "custom_instruction_success_rate" in metrics:
         entry["custom_instruction_success_rate"] = metrics["custom_instruction_success_rate"]
+        entry["custom_ci"] = pooled("custom")
     return entry
 
 
 def _series_section(out: Path, entries: Sequence[Mapping[str, Any]]) -> list[str]:
     """Report section of a several-checkpoint evaluation: the success curve and its table."""
     png = plot_success_curve(out / "success_curve.png", entries)
+    # instructions=/instructions_file= wordings: each checkpoint's figure, not only the last one's
+    custom = any(e.get("custom_instruction_success_rate") is not None for e in entries)
 
     def cell(rate: float | None, ci: Sequence[float] | None) -> str:
         if rate is None:
@@ -353,16 +356,20 @@ def _series_section(out: Path, entries: Sequence[Mapping[str, Any]]) -> list[str
              f"{len(entries)} checkpoints, each evaluated with the same seeds; the tables above are the last one "
              f"(step {entries[-1]['step']}). Intervals: 95% Wilson, episodes of all tasks pooled.", "",
              f"![success vs training step]({png.name})", "",
-             "| step | training paraphrases (95% CI) | held-out paraphrases (95% CI) | checkpoint |",
-             "|---|---|---|---|"]
+             "| step | training paraphrases (95% CI) | held-out paraphrases (95% CI) |"
+             + (" custom wordings (95% CI) |" if custom else "") + " checkpoint |",
+             "|---|---|---|" + ("---|" if custom else "") + "---|"]
     for e in entries:
+        own = f"{cell(e.get('custom_instruction_success_rate'), e.get('custom_ci'))} | " if custom else ""
         lines.append(f"| {e['step']} | {cell(e.get('success_rate'), e.get('ci'))} | "
-                     f"{cell(e.get('heldout_paraphrase_success_rate'), e.get('heldout_ci'))} | `{e['checkpoint']}` |")
+                     f"{cell(e.get('heldout_paraphrase_success_rate'), e.get('heldout_ci'))} | {own}"
+                     f"`{e['checkpoint']}` |")
     return lines + [""]
 
 
 def plot_success_curve(path: Path, entries: Sequence[Mapping[str, Any]]) -> Path:
-    """Mean success vs training step (training and held-out paraphrases) with 95% CI bands."""
+    """Mean success vs training step (training and held-out paraphrases, custom wordings when given) with
+    95% CI bands."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -372,7 +379,9 @@ def plot_success_curve(path: Path, entries: Sequence[Mapping[str, Any]]) -> Path
     steps = np.array([e["step"] for e in entries])
     for key, ci_key, label, color in (("success_rate", "ci", "training paraphrases", "tab:blue"),
                                       ("heldout_paraphrase_success_rate", "heldout_ci", "held-out paraphrases",
-                                       "tab:orange")):
+                                       "tab:orange"),
+                                      ("custom_instruction_success_rate", "custom_ci", "custom wordings",
+                                       "tab:green")):
         pts = [(s, e[key], e.get(ci_key)) for s, e in zip(steps, entries) if e.get(key) is not None]
         if not pts:
             continue
