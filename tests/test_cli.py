@@ -239,7 +239,6 @@ def test_train_snapshots_then_eval_success_curve(tmp_path):
     assert [int(r.split("|")[1]) for r in rows] == [2, 4, 5, 6, 8]
 
 
-
 def test_checkpoint_series_reports_each_custom_wording_figure(tmp_path):
     """With instructions_file= (custom wordings, splits=[]) every checkpoint's custom success and its
     Wilson interval are in its entry and in the report's series table, not only the last one's."""
@@ -262,6 +261,7 @@ def test_checkpoint_series_reports_each_custom_wording_figure(tmp_path):
                                           "per_task": {"reach": {"success_rate": 0.5, "episodes": 10}}})
     rows = [r for r in _series_section(tmp_path, [plain]) if r.startswith("| ")]
     assert "custom" not in rows[0] and rows[1].count("|") == 5
+
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # train.yaml's recipe layers, in the order they apply: (group under configs/recipe/, option)

@@ -183,12 +183,11 @@ def test_time_labels_rise_along_a_successful_episode_whose_dense_reward_is_flat(
 
 
 def test_time_labels_follow_the_recorded_first_success_of_a_played_bank():
-    from embodied.runtime.reward import BankConfig, collect_bank, time_progress
+    from embodied.runtime.reward import LABEL_PROGRESS, BankConfig, collect_bank
 
     cfg = BankConfig(seeds=1, behaviours=["expert", "random"], hold_steps=3, frame_stride=3)
     bank = collect_bank(["reach"], cfg, 16, progress=False)
-    first = np.array([e["length"] if e["success"] else 0 for e in bank.episodes])
-    p = time_progress(bank.step, bank.episode, first, bank.gt_reward)
+    p = LABEL_PROGRESS["time"](bank)
     for i, e in enumerate(bank.episodes):
         rows = np.flatnonzero(bank.episode == i)
         if e["success"]:  # 1 exactly from the first success's frame on, below 1 and rising before it
