@@ -22,6 +22,13 @@ State (30,) float32, the same layout for every task:
 Cameras: ``ego`` (on the robot, looking ahead; pixel observations) and ``overhead``
 (the whole arena; ``render()``).
 
+Trail: ``render()`` frames (what the VLM reward and videos read) show the path the robot has
+driven since reset as magenta discs on the floor (``TRAIL_*``), so that a single frame tells
+where the episode has been (approach-avoid fails once the robot came near the avoided ball,
+which the robot's current position alone does not show). Only the drawn scene changes:
+observation images (what pixel policies read) and the simulation are as without it;
+``trail=False`` draws none.
+
 Reward terms (each in [0, 1]):
     ``progress``: 1 - (planner cost-to-go to the goal region) / 8 m, clipped.
     ``heading``: alignment of the robot's heading with the planned path direction.
@@ -54,6 +61,15 @@ START_BALL_CLEAR = 1.0  # the robot starts at least this far from every ball cen
 START_MIN_GEO = 1.0  # ... and at least this far (planner cost) from the goal
 WEIGHTS = {"progress": 0.6, "heading": 0.2, "safety": 0.2, "avoid": 0.0}
 AVOID_WEIGHTS = {"progress": 0.5, "heading": 0.15, "safety": 0.1, "avoid": 0.25}
+# The trail drawn in render() frames. Magenta is a hue found nowhere else in the scene: the balls
+# are red, green, blue and yellow, the floors tan, pale lavender, light blue-grey and dark grey, the
+# walls beige, the robot white with a black nose (a white or black trail would read as the robot).
+# Drawn emissive, so it shows as full magenta (255, 0, 255) whatever the lighting.
+TRAIL_RGBA = (1.0, 0.0, 1.0, 1.0)
+TRAIL_RADIUS = 0.08  # disc radius (m); in a 64 px overhead frame one pixel is ~8.6 cm
+TRAIL_Z = 0.004  # disc centre height (m), just above the floor top (z = 0); the robot covers the newest discs
+TRAIL_SPACING = 0.05  # a new trail point once the robot is this far from the last one (m)
+MAX_TRAIL_GEOMS = 300  # at most this many discs (an evenly thinned subset of the points beyond it)
 
 
 class NavigationEnv(TaskEnv):
@@ -66,6 +82,12 @@ class NavigationEnv(TaskEnv):
     default_cameras = ("ego", "overhead")
     render_camera = "overhead"
     proprio_dims = 6
+
+    def __init__(self, task: str, trail: bool = True, **kwargs: Any):
+        """Arguments as ``BaseEnv``; ``trail``: draw the robot's path in ``render()`` frames."""
+        self.trail = bool(trail)
+        self._trail: list[tuple[float, float]] = []  # robot (x, y) at reset and after steps (m)
+        super().__init__(task, **kwargs)
 
     def _setup(self) -> None:
         self._sample_goal = GOALS[self.spec_task.name]
@@ -114,7 +136,38 @@ class NavigationEnv(TaskEnv):
         for m, p in zip(self._mocap, scene.landmarks):
             self.data.mocap_pos[m] = (p[0], p[1], BALL_R)
         self._buf[6:14] = scene.landmarks.reshape(-1)
+        self._trail = [(float(start[0]), float(start[1]))]
         return dict(goal.fields)
+
+    # ------------------------------------------------------------------ trail
+    def step(self, action: np.ndarray):
+        """``TaskEnv.step``, then the robot's position joins the trail (every step, not in
+        ``render()``: callers may render only some frames)."""
+        out = super().step(action)
+        x, y = float(self.data.qpos[0]), float(self.data.qpos[1])
+        lx, ly = self._trail[-1]
+        if math.hypot(x - lx, y - ly) >= TRAIL_SPACING:
+            self._trail.append((x, y))
+        return out
+
+    def _mark_render_scene(self, scene: Any) -> None:
+        """Add the trail's discs to ``render()``'s scene (see the module docstring), as many as
+        ``MAX_TRAIL_GEOMS`` and the scene's free geom slots allow (evenly thinned beyond that)."""
+        room = min(MAX_TRAIL_GEOMS, scene.maxgeom - scene.ngeom)
+        if not self.trail or not self._trail or room <= 0:
+            return
+        pts = self._trail
+        if len(pts) > room:
+            pts = [pts[k] for k in np.linspace(0, len(pts) - 1, room).round().astype(int)]
+        size = np.array([TRAIL_RADIUS, 0.001, 0.0])
+        mat = np.eye(3).reshape(-1)
+        rgba = np.array(TRAIL_RGBA, dtype=np.float32)
+        for x, y in pts:
+            g = scene.geoms[scene.ngeom]
+            mujoco.mjv_initGeom(g, mujoco.mjtGeom.mjGEOM_CYLINDER, size, np.array([x, y, TRAIL_Z]), mat, rgba)
+            g.emission = 1.0
+            g.category = mujoco.mjtCatBit.mjCAT_DECOR
+            scene.ngeom += 1
 
     # ------------------------------------------------------------------ hooks
     def _apply_action(self, action: np.ndarray) -> None:
