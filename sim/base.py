@@ -104,8 +104,9 @@ class BaseEnv(gym.Env):
         render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns (S, S, 3) uint8).
         render_size: side of ``render()`` frames. ``render()`` shows the scene without
             MuJoCo's sensor visualisation (rangefinder rays) and with a world's own marks
-            (``_mark_render_scene``: Meta-World's goal marker drawn larger); observation images
-            keep MuJoCo's default drawing, so what pixel policies see is unchanged.
+            (``_mark_render_scene``: Meta-World's goal marker drawn larger, the navigation
+            robot's path since reset drawn as a trail); observation images keep MuJoCo's
+            default drawing, so what pixel policies see is unchanged.
         max_episode_steps: override the task's time limit.
 
     Raises:
@@ -280,9 +281,12 @@ class BaseEnv(gym.Env):
         return self._render(self.render_camera, self.render_size, self._render_view, mark=True)
 
     def _mark_render_scene(self, scene: Any) -> None:
-        """Change what ``render()`` draws after MuJoCo has built its scene (``mjvScene``);
-        observation images are never passed here. A world overrides it (Meta-World draws its
-        goal marker larger); the default draws the scene as MuJoCo built it."""
+        """Change what ``render()`` draws after MuJoCo has built its scene (``mjvScene``):
+        restyle its geoms, or add decoration geoms (``mujoco.mjv_initGeom`` into
+        ``scene.geoms[scene.ngeom]``, then ``scene.ngeom += 1``, never past ``scene.maxgeom``).
+        Observation images are never passed here, and the model and data must not change. A
+        world overrides it (Meta-World draws its goal marker larger; navigation draws the
+        robot's path since reset); the default draws the scene as MuJoCo built it."""
 
     def close(self) -> None:
         for r in self._renderers.values():

@@ -101,6 +101,119 @@ def test_render_hides_the_rangefinder_rays_but_observation_images_keep_them():
     env.close()
 
 
+def _magenta(frame):
+    """Mask of the trail colour (255, 0, 255) in a frame."""
+    f = frame.astype(int)
+    return (f[..., 0] > 200) & (f[..., 1] < 60) & (f[..., 2] > 200)
+
+
+def _overhead_pixels(xy, size):
+    """(row, col) of floor points (N, 2) in an overhead frame of side ``size`` (the camera
+    looks straight down from 6.6 m with a 45 degree field of view, x to the right, y up)."""
+    half = 6.6 * np.tan(np.radians(22.5))
+    xy = np.asarray(xy, dtype=np.float64)
+    return np.stack([(0.5 - xy[:, 1] / (2 * half)) * size, (0.5 + xy[:, 0] / (2 * half)) * size], axis=1)
+
+
+def test_render_draws_the_path_so_far_and_a_reset_clears_it():
+    """render() shows where the robot has driven since reset (magenta discs on the floor, a
+    colour the scene has nowhere else); the newest point lies under the robot, so a fresh
+    episode shows none, and a reset starts a new trail."""
+    from sim.navigation.arena import ROBOT_R
+    from sim.navigation.world import TRAIL_RADIUS
+
+    size = 64
+    env = make_env("goto-landmark", render_mode="rgb_array", render_size=size)
+    plain = make_env("goto-landmark", render_mode="rgb_array", render_size=size, trail=False)
+    u = env.unwrapped
+    obs, _ = env.reset(seed=0)
+    plain.reset(seed=0)
+    first = env.render()
+    assert not _magenta(first).any()  # only the start point, under the robot
+    assert np.array_equal(first, plain.render())
+    path = [obs["state"][:2].copy()]
+    for _ in range(25):
+        a = u.expert_action()
+        obs, *_ = env.step(a)
+        plain.step(a)
+        path.append(obs["state"][:2].copy())
+    path = np.array(path)
+    assert np.linalg.norm(path[-1] - path[0]) > 1.0  # the robot has moved well clear of its start
+    frame, off = env.render(), plain.render()
+    assert not _magenta(off).any()  # trail=False: nothing in the scene has the trail's colour
+    changed = np.any(frame != off, axis=-1)
+    assert changed.any() and np.array_equal(changed, _magenta(frame))  # the trail is all that differs
+    px = 2 * 6.6 * np.tan(np.radians(22.5)) / size  # metres per pixel
+    centres = np.argwhere(changed) + 0.5
+    # dense points along the driven path (straight between consecutive steps)
+    t = np.linspace(0, 1, 5)[:, None, None]
+    dense = (path[:-1] * (1 - t) + path[1:] * t).reshape(-1, 2)
+    dense_px = _overhead_pixels(dense, size)
+    gap = np.linalg.norm(centres[:, None] - dense_px[None], axis=-1).min(1)
+    assert gap.max() <= TRAIL_RADIUS / px + 1.5  # every trail pixel lies on the path
+    visible = _overhead_pixels(path[np.linalg.norm(path - path[-1], axis=1) > ROBOT_R + 2 * px], size)
+    cover = np.linalg.norm(visible[:, None] - centres[None], axis=-1).min(1)
+    assert len(visible) >= 10 and cover.max() <= 1.5  # ... and the path is drawn all along
+    env.reset(seed=1)
+    assert not _magenta(env.render()).any()  # a reset clears the trail
+    env.reset(seed=0)
+    assert np.array_equal(env.render(), first)
+    env.close()
+    plain.close()
+
+
+def test_the_trail_leaves_observation_images_and_the_simulation_alone():
+    """Pixel observations (even of the overhead camera) and states are byte-identical with and
+    without the trail, rendered or not; only render() frames differ."""
+    kw = dict(obs_mode="state+pixels", cameras=["overhead"], image_size=64, render_mode="rgb_array",
+              render_size=64)
+    env, plain = make_env("approach-avoid", **kw), make_env("approach-avoid", **kw, trail=False)
+    a_obs, _ = env.reset(seed=4)
+    b_obs, _ = plain.reset(seed=4)
+    drawn = False
+    for t in range(40):
+        assert np.array_equal(a_obs["image"], b_obs["image"]) and np.array_equal(a_obs["state"], b_obs["state"])
+        frame = env.render()
+        assert np.array_equal(plain.render(), np.where(_magenta(frame)[..., None], plain.render(), frame))
+        drawn = drawn or _magenta(frame).any()
+        assert not _magenta(a_obs["image"]).any()
+        a = env.unwrapped.expert_action()
+        a_obs, *_ = env.step(a)
+        b_obs, *_ = plain.step(a)
+    assert drawn
+    env.close()
+    plain.close()
+
+
+def test_the_trail_fits_the_scenes_free_geoms():
+    """With fewer free geom slots than trail points, an evenly thinned trail fills them
+    (first and last points kept) and the scene is never overfilled."""
+    import mujoco
+
+    env = make_env("goto-room", render_mode="rgb_array", render_size=64)
+    u = env.unwrapped
+    env.reset(seed=2)
+    for _ in range(30):
+        env.step(u.expert_action())
+    n = len(u._trail)
+    assert n > 10
+    scene = mujoco.MjvScene(u.model, maxgeom=200)
+    mujoco.mjv_updateScene(u.model, u.data, mujoco.MjvOption(), None, mujoco.MjvCamera(),
+                           mujoco.mjtCatBit.mjCAT_ALL, scene)
+    base = scene.ngeom
+    scene_small = mujoco.MjvScene(u.model, maxgeom=base + 5)
+    mujoco.mjv_updateScene(u.model, u.data, mujoco.MjvOption(), None, mujoco.MjvCamera(),
+                           mujoco.mjtCatBit.mjCAT_ALL, scene_small)
+    u._mark_render_scene(scene)
+    assert scene.ngeom == base + n  # room for all
+    u._mark_render_scene(scene_small)
+    assert scene_small.ngeom == base + 5
+    drawn = np.array([scene_small.geoms[k].pos[:2] for k in range(base, base + 5)])
+    np.testing.assert_allclose(drawn[[0, -1]], np.array(u._trail)[[0, -1]], atol=1e-5)
+    assert len(np.unique(drawn.round(4), axis=0)) == 5  # spread over the trail, no point twice
+    env.close()
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_reset_is_deterministic(task):
     env = make_env(task)
