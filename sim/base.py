@@ -105,7 +105,7 @@ class BaseEnv(gym.Env):
         render_size: side of ``render()`` frames. ``render()`` shows the scene without
             MuJoCo's sensor visualisation (rangefinder rays) and with a world's own marks
             (``_mark_render_scene``: Meta-World's goal marker drawn larger, the navigation
-            robot's path since reset drawn as a trail); observation images keep MuJoCo's
+            robot's path since reset with ``trail=True``); observation images keep MuJoCo's
             default drawing, so what pixel policies see is unchanged.
         max_episode_steps: override the task's time limit.
 

@@ -116,15 +116,15 @@ def _overhead_pixels(xy, size):
 
 
 def test_render_draws_the_path_so_far_and_a_reset_clears_it():
-    """render() shows where the robot has driven since reset (magenta discs on the floor, a
-    colour the scene has nowhere else); the newest point lies under the robot, so a fresh
-    episode shows none, and a reset starts a new trail."""
+    """With trail=True, render() shows where the robot has driven since reset (magenta discs on
+    the floor, a colour the scene has nowhere else; the default draws none); the newest point
+    lies under the robot, so a fresh episode shows none, and a reset starts a new trail."""
     from sim.navigation.arena import ROBOT_R
     from sim.navigation.world import TRAIL_RADIUS
 
     size = 64
-    env = make_env("goto-landmark", render_mode="rgb_array", render_size=size)
-    plain = make_env("goto-landmark", render_mode="rgb_array", render_size=size, trail=False)
+    env = make_env("goto-landmark", render_mode="rgb_array", render_size=size, trail=True)
+    plain = make_env("goto-landmark", render_mode="rgb_array", render_size=size)  # the default: no trail
     u = env.unwrapped
     obs, _ = env.reset(seed=0)
     plain.reset(seed=0)
@@ -140,7 +140,7 @@ def test_render_draws_the_path_so_far_and_a_reset_clears_it():
     path = np.array(path)
     assert np.linalg.norm(path[-1] - path[0]) > 1.0  # the robot has moved well clear of its start
     frame, off = env.render(), plain.render()
-    assert not _magenta(off).any()  # trail=False: nothing in the scene has the trail's colour
+    assert not _magenta(off).any()  # no trail: nothing in the scene has the trail's colour
     changed = np.any(frame != off, axis=-1)
     assert changed.any() and np.array_equal(changed, _magenta(frame))  # the trail is all that differs
     px = 2 * 6.6 * np.tan(np.radians(22.5)) / size  # metres per pixel
@@ -167,7 +167,7 @@ def test_the_trail_leaves_observation_images_and_the_simulation_alone():
     without the trail, rendered or not; only render() frames differ."""
     kw = dict(obs_mode="state+pixels", cameras=["overhead"], image_size=64, render_mode="rgb_array",
               render_size=64)
-    env, plain = make_env("approach-avoid", **kw), make_env("approach-avoid", **kw, trail=False)
+    env, plain = make_env("approach-avoid", **kw, trail=True), make_env("approach-avoid", **kw, trail=False)
     a_obs, _ = env.reset(seed=4)
     b_obs, _ = plain.reset(seed=4)
     drawn = False
@@ -190,7 +190,7 @@ def test_the_trail_fits_the_scenes_free_geoms():
     (first and last points kept) and the scene is never overfilled."""
     import mujoco
 
-    env = make_env("goto-room", render_mode="rgb_array", render_size=64)
+    env = make_env("goto-room", render_mode="rgb_array", render_size=64, trail=True)
     u = env.unwrapped
     env.reset(seed=2)
     for _ in range(30):

@@ -22,12 +22,15 @@ State (30,) float32, the same layout for every task:
 Cameras: ``ego`` (on the robot, looking ahead; pixel observations) and ``overhead``
 (the whole arena; ``render()``).
 
-Trail: ``render()`` frames (what the VLM reward and videos read) show the path the robot has
-driven since reset as magenta discs on the floor (``TRAIL_*``), so that a single frame tells
-where the episode has been (approach-avoid fails once the robot came near the avoided ball,
-which the robot's current position alone does not show). Only the drawn scene changes:
-observation images (what pixel policies read) and the simulation are as without it;
-``trail=False`` draws none.
+Trail (``trail=True``; off by default): ``render()`` frames (what the VLM reward and videos
+read) show the path the robot has driven since reset as magenta discs on the floor
+(``TRAIL_*``), so that a single frame tells where the episode has been (approach-avoid fails
+once the robot came near the avoided ball, which the robot's current position alone does not
+show). Only the drawn scene changes: observation images (what pixel policies read) and the
+simulation are the same either way. Off by default because the CLIP reward fitted on frames
+with the trail scored the navigation suite worse on the whole (better on approach-avoid, much
+worse on goto-room; docs/results.md, issue 16). A reward fitted on frames with the trail must
+be used on such frames.
 
 Reward terms (each in [0, 1]):
     ``progress``: 1 - (planner cost-to-go to the goal region) / 8 m, clipped.
@@ -83,7 +86,7 @@ class NavigationEnv(TaskEnv):
     render_camera = "overhead"
     proprio_dims = 6
 
-    def __init__(self, task: str, trail: bool = True, **kwargs: Any):
+    def __init__(self, task: str, trail: bool = False, **kwargs: Any):
         """Arguments as ``BaseEnv``; ``trail``: draw the robot's path in ``render()`` frames."""
         self.trail = bool(trail)
         self._trail: list[tuple[float, float]] = []  # robot (x, y) at reset and after steps (m)
