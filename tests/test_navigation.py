@@ -107,12 +107,16 @@ def _magenta(frame):
     return (f[..., 0] > 200) & (f[..., 1] < 60) & (f[..., 2] > 200)
 
 
+# half the floor width the overhead camera sees (it looks straight down from 6.6 m, fovy 45)
+_OVERHEAD_HALF = 6.6 * np.tan(np.radians(22.5))
+
+
 def _overhead_pixels(xy, size):
-    """(row, col) of floor points (N, 2) in an overhead frame of side ``size`` (the camera
-    looks straight down from 6.6 m with a 45 degree field of view, x to the right, y up)."""
-    half = 6.6 * np.tan(np.radians(22.5))
+    """(row, col) of floor points (N, 2) in an overhead frame of side ``size`` (x to the
+    right, y up)."""
     xy = np.asarray(xy, dtype=np.float64)
-    return np.stack([(0.5 - xy[:, 1] / (2 * half)) * size, (0.5 + xy[:, 0] / (2 * half)) * size], axis=1)
+    return np.stack([(0.5 - xy[:, 1] / (2 * _OVERHEAD_HALF)) * size,
+                     (0.5 + xy[:, 0] / (2 * _OVERHEAD_HALF)) * size], axis=1)
 
 
 def test_render_draws_the_path_so_far_and_a_reset_clears_it():
@@ -143,7 +147,7 @@ def test_render_draws_the_path_so_far_and_a_reset_clears_it():
     assert not _magenta(off).any()  # no trail: nothing in the scene has the trail's colour
     changed = np.any(frame != off, axis=-1)
     assert changed.any() and np.array_equal(changed, _magenta(frame))  # the trail is all that differs
-    px = 2 * 6.6 * np.tan(np.radians(22.5)) / size  # metres per pixel
+    px = 2 * _OVERHEAD_HALF / size  # metres per pixel
     centres = np.argwhere(changed) + 0.5
     # dense points along the driven path (straight between consecutive steps)
     t = np.linspace(0, 1, 5)[:, None, None]

@@ -144,9 +144,11 @@ class NavigationEnv(TaskEnv):
 
     # ------------------------------------------------------------------ trail
     def step(self, action: np.ndarray):
-        """``TaskEnv.step``, then the robot's position joins the trail (every step, not in
-        ``render()``: callers may render only some frames)."""
+        """``TaskEnv.step``, then, with ``trail``, the robot's position joins the trail (every
+        step, not in ``render()``: callers may render only some frames)."""
         out = super().step(action)
+        if not self.trail:
+            return out
         x, y = float(self.data.qpos[0]), float(self.data.qpos[1])
         lx, ly = self._trail[-1]
         if math.hypot(x - lx, y - ly) >= TRAIL_SPACING:
@@ -156,8 +158,10 @@ class NavigationEnv(TaskEnv):
     def _mark_render_scene(self, scene: Any) -> None:
         """Add the trail's discs to ``render()``'s scene (see the module docstring), as many as
         ``MAX_TRAIL_GEOMS`` and the scene's free geom slots allow (evenly thinned beyond that)."""
+        if not self.trail:
+            return
         room = min(MAX_TRAIL_GEOMS, scene.maxgeom - scene.ngeom)
-        if not self.trail or not self._trail or room <= 0:
+        if room <= 0:
             return
         pts = self._trail
         if len(pts) > room:
