@@ -64,6 +64,11 @@ class SuiteSpec:
     name: str
     tasks: tuple[str, ...]
     description: str = ""
+    # "module:function" of the suite's hindsight labeller, or "" for none: a function
+    # (states (T, Ds) of one episode's frames, tasks) -> [(task, fields, success (T,) bool,
+    # reward (T,) float), ...], the ground truth of every goal the tasks can pose in that
+    # episode's scene (rewards fitted with hindsight captions read it; see ``hindsight_labeller``)
+    hindsight: str = ""
 
 
 _TASKS: dict[str, TaskSpec] = {}
@@ -173,6 +178,15 @@ def resolve_tasks(suite: str | None = None, tasks: list[str] | str | None = None
         if suite in _TASKS or (load_plugins() is None and suite in _TASKS):
             return [suite]
         raise
+
+
+def hindsight_labeller(suite: str) -> Callable[..., Any] | None:
+    """The hindsight labeller a suite registered (``SuiteSpec.hindsight``), imported lazily; None if none."""
+    entry = get_suite(suite).hindsight
+    if not entry:
+        return None
+    module, _, attr = entry.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def env_class(task: str) -> Callable[..., Any]:

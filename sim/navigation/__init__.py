@@ -12,4 +12,5 @@ from sim.navigation.tasks import GOALS
 
 SUITE = register_suite(SuiteSpec(
     "navigation", tasks=tuple(GOALS),
-    description="instruction-following navigation in a four-room arena with coloured balls"))
+    description="instruction-following navigation in a four-room arena with coloured balls",
+    hindsight="sim.navigation.tasks:hindsight_labels"))

@@ -120,7 +120,8 @@ def sample_in_room(rng: np.random.Generator, room: str, margin: float = LANDMARK
     return np.array([sx * u[0], sy * u[1]])
 
 
-def _free_pairs(lm: np.ndarray) -> tuple[tuple[int, int], ...]:
+def free_pairs(lm: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """Index pairs (i < j) of balls ``lm`` (4, 2) whose midpoint is free space the robot can stand on."""
     pairs = []
     for i in range(len(lm)):
         for j in range(i + 1, len(lm)):
@@ -154,7 +155,7 @@ def sample_scene(rng: np.random.Generator, max_tries: int = 1000) -> Scene:
                 ok = False
                 break
         if ok:
-            pairs = _free_pairs(lm)
+            pairs = free_pairs(lm)
             if len(pairs) >= 2:
                 return Scene(lm, pairs)
     raise RuntimeError(f"could not sample a navigation scene in {max_tries} tries")

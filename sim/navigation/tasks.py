@@ -11,14 +11,16 @@ turns the goal into a success predicate, a planner field (``solve``) and reward 
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from embodied.core.registry import TaskSpec, register_task
-from sim.navigation.arena import BALL_R, COLORS, HALF, ROBOT_R, ROOM_MARGIN, ROOMS, Scene, room_of, \
+from sim.navigation.arena import BALL_R, COLORS, HALF, ROBOT_R, ROOM_MARGIN, ROOMS, Scene, free_pairs, room_of, \
     wall_clearance
 from sim.instructions import load_instructions
 from sim.navigation.planner import Grid, Plan, ramp_cost
@@ -33,6 +35,9 @@ AVOID_RADIUS = 0.8  # robot centre closer than this to the avoided ball fails th
 AVOID_MAX_STEPS = 130  # detours around the avoided ball take the expert up to ~100 steps
 AVOID_ON_PATH = 1.0  # a ball this close to the direct route is "in the way" (m)
 AVOID_ON_PATH_P = 0.75  # how often approach-avoid names the ball in the way, when there is one
+GEO_NORM = 8.0  # cost-to-go that maps to zero progress (about the longest start-goal path, m)
+WEIGHTS = {"progress": 0.6, "heading": 0.2, "safety": 0.2, "avoid": 0.0}
+AVOID_WEIGHTS = {"progress": 0.5, "heading": 0.15, "safety": 0.1, "avoid": 0.25}
 
 
 @dataclass
@@ -91,6 +96,42 @@ def goal_seeds(goal: Goal) -> np.ndarray:
 def solve(scene: Scene, goal: Goal) -> Plan:
     """The planner field (cost-to-go from every cell) of a goal in a scene."""
     return Plan.solve(GRID, goal_cost(scene, goal), goal_seeds(goal))
+
+
+def goal_step(goal: Goal, plan: Plan, avoid_point: np.ndarray | None, x: float, y: float, yaw: float,
+              contact: bool, violated: bool) -> tuple[bool, dict[str, float], bool]:
+    """A goal's success, reward terms (see ``sim.navigation.world``) and avoid flag at a pose.
+
+    ``avoid_point`` is the avoided ball's centre (approach-avoid), ``contact`` whether the robot
+    touches anything, ``violated`` whether it came within ``AVOID_RADIUS`` of the avoided ball
+    earlier; the returned flag includes this pose.
+    """
+    i, j = GRID.cell(x, y)
+    geo = float(plan.dist[i, j])
+    progress = max(0.0, 1.0 - geo / GEO_NORM)  # 0 when unreachable (inf)
+    dx, dy = float(plan.direction[i, j, 0]), float(plan.direction[i, j, 1])
+    if goal.point is not None and geo == 0.0:  # inside the goal region: face the point
+        dx, dy = float(goal.point[0]) - x, float(goal.point[1]) - y
+        norm = math.hypot(dx, dy) or 1.0
+        dx, dy = dx / norm, dy / norm
+    heading = 0.5 + 0.5 * (math.cos(yaw) * dx + math.sin(yaw) * dy)
+    avoid = 1.0
+    if avoid_point is not None:
+        d = math.hypot(x - float(avoid_point[0]), y - float(avoid_point[1]))
+        violated = violated or d < AVOID_RADIUS
+        avoid = min(1.0, max(0.0, (d - AVOID_RADIUS) / 0.5))
+    if goal.point is not None:
+        reached = math.hypot(x - float(goal.point[0]), y - float(goal.point[1])) < goal.radius
+    else:
+        sx, sy = ROOMS[goal.room]
+        reached = sx * x > ROOM_MARGIN and sy * y > ROOM_MARGIN
+    terms = {"progress": progress, "heading": heading, "safety": 0.0 if contact else 1.0, "avoid": avoid}
+    return reached and not violated, terms, violated
+
+
+def goal_weights(goal: Goal) -> dict[str, float]:
+    """The reward weights of a goal's terms."""
+    return AVOID_WEIGHTS if goal.avoid is not None else WEIGHTS
 
 
 def navigation_task(name: str, description: str,
@@ -163,3 +204,73 @@ def approach_avoid(scene: Scene, start: np.ndarray, rng: np.random.Generator) ->
                 a = others[int(gap.argmin())]
     return Goal({"color": COLORS[k], "avoid": COLORS[a]}, point=scene.landmarks[k], radius=REACH_RADIUS,
                 target=k, avoid=a)
+
+
+# ------------------------------------------------------------------ hindsight captions
+def scene_goals(scene: Scene, tasks: Sequence[str] = tuple(GOALS)) -> list[tuple[str, Goal]]:
+    """Every goal the named tasks can ask for in ``scene``, with its task: each ball (goto-landmark),
+    each room (goto-room), each free pair in both orders (goto-between) and each ordered pair of
+    balls (approach-avoid: reach the first, avoid the second)."""
+    out: list[tuple[str, Goal]] = []
+    lm = scene.landmarks
+    for task in tasks:
+        if task == "goto-landmark":
+            out += [(task, Goal({"color": c}, point=lm[k], radius=REACH_RADIUS, target=k)) for k, c in enumerate(COLORS)]
+        elif task == "goto-room":
+            out += [(task, Goal({"room": r}, room=r)) for r in ROOMS]
+        elif task == "goto-between":
+            for i, j in scene.pairs:
+                for a, b in ((i, j), (j, i)):
+                    out.append((task, Goal({"a": COLORS[a], "b": COLORS[b]}, point=0.5 * (lm[a] + lm[b]),
+                                           radius=BETWEEN_RADIUS)))
+        elif task == "approach-avoid":
+            out += [(task, Goal({"color": COLORS[k], "avoid": COLORS[a]}, point=lm[k], radius=REACH_RADIUS, target=k,
+                                avoid=a)) for k in range(len(COLORS)) for a in range(len(COLORS)) if a != k]
+        else:
+            raise ValueError(f"no navigation task {task!r}; the tasks are {list(GOALS)}")
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _scene_plans(landmarks: bytes, tasks: tuple[str, ...]) -> list[tuple[str, Goal, Plan]]:
+    """``scene_goals`` of the scene whose balls are at ``landmarks`` (float32 (4, 2) bytes), each
+    with its plan; cached, since a bank plays each scene with several behaviours in a row."""
+    lm = np.frombuffer(landmarks, np.float32).reshape(len(COLORS), 2).astype(np.float64)
+    scene = Scene(lm, free_pairs(lm))
+    return [(task, goal, solve(scene, goal)) for task, goal in scene_goals(scene, tasks)]
+
+
+def hindsight_labels(states: np.ndarray, tasks: Sequence[str]) -> list[tuple[str, dict[str, str], np.ndarray,
+                                                                               np.ndarray]]:
+    """Ground truth of every goal of an episode's scene along the episode (hindsight captions).
+
+    Args:
+        states: (T, 30) the privileged states of the episode's recorded frames, in order
+            (``NavigationEnv``'s layout: the robot's pose at [0:3], the balls at [6:14]).
+        tasks: the tasks whose goals to label (``scene_goals``).
+
+    Returns:
+        one ``(task, fields, success (T,) bool, reward (T,) float32)`` per goal: whether the goal
+        holds in each frame, and its dense reward there (``goal_step``'s terms and weights). Two
+        things the states do not say are taken as: no contact (the safety term is 1), and, for
+        approach-avoid, the robot came near the avoided ball only if a recorded frame shows it
+        (frames kept every k-th step can miss a brief pass).
+    """
+    states = np.asarray(states, np.float64)
+    if states.ndim != 2 or states.shape[1] < 14 or len(states) == 0:
+        raise ValueError(f"states must be (T, 30) navigation states with T >= 1, got {states.shape}")
+    yaw = np.arctan2(states[:, 3], states[:, 2])
+    lm = states[0, 6:14].reshape(len(COLORS), 2)
+    out = []
+    for task, goal, plan in _scene_plans(lm.astype(np.float32).tobytes(), tuple(tasks)):
+        weights = goal_weights(goal)
+        avoid = None if goal.avoid is None else lm[goal.avoid]
+        success = np.zeros(len(states), bool)
+        reward = np.zeros(len(states), np.float32)
+        violated = False
+        for t, (x, y) in enumerate(states[:, :2]):
+            ok, terms, violated = goal_step(goal, plan, avoid, float(x), float(y), float(yaw[t]), False, violated)
+            success[t] = ok
+            reward[t] = sum(weights[k] * v for k, v in terms.items())
+        out.append((task, dict(goal.fields), success, reward))
+    return out

@@ -52,18 +52,15 @@ import mujoco
 import numpy as np
 
 from sim.base import TaskEnv
-from sim.navigation.arena import ARENA_XML, BALL_R, COLORS, N_RANGES, RANGE_MAX, ROOM_MARGIN, ROOMS, Scene, sample_in_room, \
+from sim.navigation.arena import ARENA_XML, BALL_R, COLORS, N_RANGES, RANGE_MAX, ROOMS, Scene, sample_in_room, \
     sample_scene
 from sim.navigation.planner import Plan, pursue
-from sim.navigation.tasks import AVOID_RADIUS, GOALS, GRID, Goal, solve
+from sim.navigation.tasks import GOALS, GRID, Goal, goal_step, goal_weights, solve
 
 MAX_SPEED = 1.0  # m/s at forward = 1
 MAX_TURN = 2.0  # rad/s at turn = 1
-GEO_NORM = 8.0  # cost-to-go that maps to zero progress (about the longest start-goal path, m)
 START_BALL_CLEAR = 1.0  # the robot starts at least this far from every ball centre (m)
 START_MIN_GEO = 1.0  # ... and at least this far (planner cost) from the goal
-WEIGHTS = {"progress": 0.6, "heading": 0.2, "safety": 0.2, "avoid": 0.0}
-AVOID_WEIGHTS = {"progress": 0.5, "heading": 0.15, "safety": 0.1, "avoid": 0.25}
 # The trail drawn in render() frames. Magenta is a hue found nowhere else in the scene: the balls
 # are red, green, blue and yellow, the floors tan, pale lavender, light blue-grey and dark grey, the
 # walls beige, the robot white with a black nose (a white or black trail would read as the robot).
@@ -97,7 +94,8 @@ class NavigationEnv(TaskEnv):
         self._mocap = [int(self.model.body_mocapid[self.model.body(f"ball_{c}").id]) for c in COLORS]
         self._buf = np.zeros(6 + 4 * len(COLORS) + N_RANGES, dtype=np.float32)
         self._range_adr = [int(self.model.sensor_adr[self.model.sensor(f"range_{k}").id]) for k in range(N_RANGES)]
-        self._weights = WEIGHTS
+        self._weights: dict[str, float] = {}
+        self._avoid: np.ndarray | None = None
         self._violated = False
         self.scene: Scene | None = None
         self.goal: Goal | None = None
@@ -130,11 +128,8 @@ class NavigationEnv(TaskEnv):
     def _place(self, scene: Scene, goal: Goal, plan: Plan, start: np.ndarray) -> dict[str, Any]:
         self.scene, self.goal, self.plan = scene, goal, plan
         self._violated = False
-        self._weights = AVOID_WEIGHTS if goal.avoid is not None else WEIGHTS
-        self._point = None if goal.point is None else (float(goal.point[0]), float(goal.point[1]))
-        self._avoid = None if goal.avoid is None else tuple(float(v) for v in scene.landmarks[goal.avoid])
-        sx, sy = ROOMS[goal.room] if goal.room is not None else (0, 0)
-        self._room_sign = (sx, sy)
+        self._weights = goal_weights(goal)
+        self._avoid = None if goal.avoid is None else scene.landmarks[goal.avoid]
         self.data.qpos[:3] = start
         for m, p in zip(self._mocap, scene.landmarks):
             self.data.mocap_pos[m] = (p[0], p[1], BALL_R)
@@ -195,28 +190,9 @@ class NavigationEnv(TaskEnv):
 
     def _evaluate(self) -> tuple[bool, dict[str, float], dict[str, float]]:
         q = self.data.qpos
-        x, y, yaw = float(q[0]), float(q[1]), float(q[2])
-        i, j = GRID.cell(x, y)
-        geo = float(self.plan.dist[i, j])
-        progress = max(0.0, 1.0 - geo / GEO_NORM)  # 0 when unreachable (inf)
-        dx, dy = float(self.plan.direction[i, j, 0]), float(self.plan.direction[i, j, 1])
-        if self._point is not None and geo == 0.0:  # inside the goal region: face the point
-            dx, dy = self._point[0] - x, self._point[1] - y
-            norm = math.hypot(dx, dy) or 1.0
-            dx, dy = dx / norm, dy / norm
-        heading = 0.5 + 0.5 * (math.cos(yaw) * dx + math.sin(yaw) * dy)
-        safety = 0.0 if self.data.ncon > 0 else 1.0
-        avoid = 1.0
-        if self._avoid is not None:
-            d = math.hypot(x - self._avoid[0], y - self._avoid[1])
-            self._violated = self._violated or d < AVOID_RADIUS
-            avoid = min(1.0, max(0.0, (d - AVOID_RADIUS) / 0.5))
-        if self._point is not None:
-            reached = math.hypot(x - self._point[0], y - self._point[1]) < self.goal.radius
-        else:
-            reached = self._room_sign[0] * x > ROOM_MARGIN and self._room_sign[1] * y > ROOM_MARGIN
-        terms = {"progress": progress, "heading": heading, "safety": safety, "avoid": avoid}
-        return reached and not self._violated, terms, self._weights
+        ok, terms, self._violated = goal_step(self.goal, self.plan, self._avoid, float(q[0]), float(q[1]),
+                                              float(q[2]), self.data.ncon > 0, self._violated)
+        return ok, terms, self._weights
 
     def expert_action(self) -> np.ndarray:
         """Plan-following pure pursuit (see ``sim.navigation.planner``); (2,) float32."""
