@@ -290,6 +290,113 @@ def test_synthetic_wordings_change_the_fit_only_when_asked():
         FitSettings(synthetic_wordings=1.5)
 
 
+def test_hindsight_captions_add_every_other_goal_of_the_scene():
+    from embodied.core.registry import get_task, hindsight_labeller
+    from embodied.runtime.reward import BankConfig, captions_from_bank, collect_bank
+
+    tasks = ["goto-landmark", "approach-avoid"]
+    bank = collect_bank(tasks, BankConfig(seeds=1, behaviours=["expert", "random"], frame_stride=3), 16,
+                        progress=False)
+    templates = {t: get_task(t).train_instructions for t in tasks}
+    plain = captions_from_bank(bank, templates, "episode")
+    hind = captions_from_bank(bank, templates, "episode", hindsight_labeller("navigation"))
+    own = hind.primary()
+    # the frames' own goals are captioned exactly as without hindsight, and come first
+    assert np.array_equal(own, np.arange(len(bank.step))) and plain.hindsight is None
+    assert np.array_equal(hind.label[own], plain.label) and np.array_equal(hind.frame[own], plain.frame)
+    assert [hind.groups[g] for g in hind.group[own]] == [plain.groups[g] for g in plain.group]
+    # every frame: 4 balls of goto-landmark + 12 ordered pairs of approach-avoid, less its own goal
+    h = hind.hindsight
+    assert np.array_equal(np.bincount(hind.frame[h], minlength=len(bank.step)), np.full(len(bank.step), 15))
+    assert len({(f, g) for f, g in zip(hind.frame, hind.group)}) == len(hind.frame)  # one pair per group
+    assert len(hind.groups) == 16 and set(map(len, hind.groups)) == {len(templates[t]) for t in tasks}
+    # labels: at an expert episode's end its goal holds; the other balls' goals do not, and in
+    # approach-avoid the same target with another ball avoided can hold too
+    matrix = hind.hindsight_matrix()
+    for i, e in enumerate(bank.episodes):
+        last = np.flatnonzero(bank.episode == i)[-1]
+        if e["behaviour"] == "expert":
+            row = matrix[last]
+            named = [g for g, ws in enumerate(hind.groups) if ws[0] == templates[e["task"]][0].format(**e["params"])]
+            assert np.isnan(row[named]).all() and hind.label[last] >= 0.5
+            held = [hind.groups[g][0] for g in np.flatnonzero(row >= 0.5)]
+            color = e["params"]["color"]
+            assert held and all(f"the {color} " in w.split(" while")[0].split(" but")[0].split(" and")[0]
+                                .split(" without")[0].split(",")[0] for w in held), held
+    assert np.all((hind.label >= 0) & (hind.label <= 1))
+
+
+def test_hindsight_losses_score_every_labelled_goal_and_rank_within_a_goal():
+    from rewards.vlm.fit import hindsight_losses, ranking_loss
+
+    table = torch.eye(3)  # three groups of one wording each
+    starts, sizes = np.arange(3), np.ones(3, int)
+    z = torch.nn.functional.normalize(torch.tensor([[1.0, 0.2, 0.0], [0.1, 1.0, 0.3]]), dim=-1)
+    labels = np.array([[np.nan, 1.0, 0.0], [np.nan, 0.2, 0.6]], np.float32)
+    scale, bias = torch.tensor(10.0), torch.tensor(-1.0)
+    point, rank = hindsight_losses(z, table, starts, sizes, labels, scale, bias, 1, 0.02, np.random.default_rng(0))
+    logit = scale * z + bias
+    have = ~np.isnan(labels)
+    want = torch.nn.functional.binary_cross_entropy_with_logits(logit[torch.from_numpy(have)],
+                                                                torch.from_numpy(labels[have]))
+    assert float(point) == pytest.approx(float(want))
+    # row 0 is the anchor, row 1 its partner: group 1 (1.0 vs 0.2) and group 2 (0.0 vs 0.6) are ranked
+    dy = torch.tensor([0.8, -0.6])
+    assert float(rank) == pytest.approx(float(ranking_loss(logit[0, 1:], logit[1, 1:], dy, 0.02)))
+    none = np.full((2, 3), np.nan, np.float32)
+    assert hindsight_losses(z, table, starts, sizes, none, scale, bias, 1, 0.02, np.random.default_rng(0)) \
+        == (None, None)
+    assert hindsight_losses(z, table, starts, sizes, labels, scale, bias, 0, 0.02, np.random.default_rng(0))[1] \
+        is None
+
+
+def test_hindsight_captions_change_the_fit_only_when_weighted():
+    from rewards.vlm.fit import CaptionedFrames, FitSettings, fit_image_tower
+    from rewards.vlm.text import MiniLMText
+
+    rng = np.random.default_rng(0)
+    episode = np.repeat([0, 1], 6)
+    n = 12
+    own_label = np.tile(np.linspace(0, 1, 6, dtype=np.float32), 2)
+    groups = [["go to the red ball", "drive to the red ball"], ["go to the blue ball", "drive to the blue ball"]]
+    # each frame: its own goal (group = its episode) and, in hindsight, the other one
+    frame = np.r_[np.arange(n), np.arange(n)]
+    group = np.r_[episode, 1 - episode]
+    label = np.r_[own_label, 1 - own_label]
+    flags = np.r_[np.zeros(n, bool), np.ones(n, bool)]
+    frames = rng.integers(0, 255, (n, 64, 64, 3), dtype=np.uint8)
+    with_hind = CaptionedFrames(frames, frame, group, label, groups, episode=episode, hindsight=flags)
+    without = CaptionedFrames(frames, np.arange(n), episode, own_label, groups, episode=episode)
+
+    def fitted(data: CaptionedFrames, weight: float) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = build_open_clip("ViT-S-32", {"embed_dim": 384, "vision_cfg": TINY_VISION,
+                                             "text_cfg": PLACEHOLDER_TEXT})
+        fit_image_tower(model, MiniLMText(), ImagePreprocess(64, OPENAI_MEAN, OPENAI_STD), data,
+                        FitSettings(steps=3, batch_size=8, warmup=1, log_every=1, hindsight_weight=weight))
+        return [p.detach().clone() for p in model.visual.parameters()]
+
+    base = fitted(without, 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(base, fitted(with_hind, 0.0)))  # batches are the own goals'
+    assert not all(torch.equal(a, b) for a, b in zip(base, fitted(with_hind, 1.0)))
+    with pytest.raises(ValueError, match="hindsight must be a bool"):
+        CaptionedFrames(frames, frame, group, label, groups, hindsight=flags.astype(int))
+    with pytest.raises(ValueError, match="all pairs are hindsight"):
+        CaptionedFrames(frames, frame, group, label, groups, hindsight=np.ones(2 * n, bool))
+    with pytest.raises(ValueError, match="hindsight_weight"):
+        FitSettings(hindsight_weight=-1)
+
+
+def test_hindsight_fit_is_refused_for_a_suite_without_a_labeller(tmp_path):
+    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+
+    cfg = RewardFitConfig(suite="manipulation", tasks=["reach"], bank=BankConfig(seeds=1, behaviours=["random"]),
+                          hindsight=True, progress=False)
+    with pytest.raises(ValueError, match="hindsight=true needs a suite with a hindsight labeller; 'manipulation' "
+                                         r"has none \(suites with one: \['navigation'\]\)"):
+        run_fit(cfg, tmp_path)
+
+
 # -------------------------------------------------------------------------------- math
 def test_projection_reward_against_the_matrix_formula():
     rng = np.random.default_rng(1)

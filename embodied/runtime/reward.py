@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from embodied.core.errors import EmbodiedError
-from embodied.core.registry import get_task, make_env, resolve_tasks
+from embodied.core.registry import get_suite, get_task, hindsight_labeller, list_suites, make_env, resolve_tasks
 from embodied.core.reward import RewardModel
 from embodied.runtime.evaluate import write_json
 from rewards.vlm.fit import FitSettings
@@ -273,6 +273,11 @@ class RewardFitConfig:
     # (step / first success step, 1 from the success on), the dense reward in the others
     # (time_progress: a progress label that rises where the dense reward is flat, issue 16)
     label_progress: str = "dense"
+    # hindsight captions: also label every frame for every other goal the suite's tasks could have
+    # given in its episode's scene (from the suite's ground truth, SuiteSpec.hindsight), so the
+    # tower learns which goal a frame satisfies, not only how far along its own episode is.
+    # Suites without a hindsight labeller refuse it
+    hindsight: bool = False
     out: str = ""  # checkpoint folder (default: RUN/reward)
     bank_path: str = ""  # reuse a saved bank (must match `bank`)
     save_bank: str = ""  # save the bank here
@@ -350,27 +355,64 @@ LABEL_PROGRESS: dict[str, Callable[[RolloutBank], np.ndarray]] = {
 }
 
 
-def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], label_progress: str = "dense"):
+def goal_progress(label_progress: str, reward: np.ndarray, success: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The progress half of one goal's caption labels along one episode, per ``label_progress``
+    (what ``LABEL_PROGRESS`` computes for a bank's own goals; float32 (T,) from (T,) arrays)."""
+    episode = np.zeros(len(reward), np.int64)
+    if label_progress == "dense":
+        return np.asarray(reward, np.float32)
+    if label_progress == "episode":
+        return episode_progress(reward, episode)
+    first = np.flatnonzero(success)
+    return time_progress(step, episode, np.array([step[first[0]] if len(first) else 0]), reward)
+
+
+def _key(task: str, params: dict[str, Any]) -> str:
+    return json.dumps([task, {k: v for k, v in params.items() if isinstance(v, str)}], sort_keys=True)
+
+
+def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], label_progress: str = "dense",
+                       hindsight: Callable[..., Any] | None = None):
     """Ground-truth captions of a bank's frames: each frame's goal (its episode's task and
     parameters, in every template of ``templates[task]``) with its label (``caption_label``;
-    its progress half per ``label_progress``, see ``RewardFitConfig``)."""
+    its progress half per ``label_progress``, see ``RewardFitConfig``).
+
+    ``hindsight``: a suite's hindsight labeller (``SuiteSpec.hindsight``). With it, each frame
+    is also captioned with every other goal of the ``templates`` tasks in its episode's scene,
+    labelled the same way from the labeller's ground truth (success and dense reward of that
+    goal along the episode); these pairs are marked ``CaptionedFrames.hindsight``.
+    """
     from rewards.vlm.fit import CaptionedFrames, caption_label, goal_wordings
 
-    keys: dict[str, int] = {}
-    groups: list[list[str]] = []
-    ep_group = np.zeros(len(bank.episodes), np.int64)
-    for i, e in enumerate(bank.episodes):
-        params = {k: v for k, v in e["params"].items() if isinstance(v, str)}
-        key = json.dumps([e["task"], params], sort_keys=True)
-        if key not in keys:
-            keys[key] = len(groups)
-            groups.append(goal_wordings(templates[e["task"]], params))
-        ep_group[i] = keys[key]
     if label_progress not in LABEL_PROGRESS:
         raise ValueError(f"label_progress must be one of {list(LABEL_PROGRESS)}, got {label_progress!r}")
+    keys: dict[str, int] = {}
+    groups: list[list[str]] = []
+
+    def group_of(task: str, params: dict[str, Any]) -> int:
+        key = _key(task, params)
+        if key not in keys:
+            keys[key] = len(groups)
+            groups.append(goal_wordings(templates[task], {k: v for k, v in params.items() if isinstance(v, str)}))
+        return keys[key]
+
+    ep_group = np.array([group_of(e["task"], e["params"]) for e in bank.episodes], np.int64)
     label = caption_label(bank.success, LABEL_PROGRESS[label_progress](bank))
-    return CaptionedFrames(bank.frames, np.arange(len(label)), ep_group[bank.episode], label, groups, bank.states,
-                           bank.episode)
+    frame, group, labels = [np.arange(len(label))], [ep_group[bank.episode]], [label]
+    if hindsight is not None:
+        first = np.flatnonzero(np.r_[True, bank.episode[1:] != bank.episode[:-1]])
+        for a, b in zip(first, np.r_[first[1:], len(bank.episode)]):
+            e = bank.episodes[int(bank.episode[a])]
+            own = _key(e["task"], e["params"])
+            for task, fields, ok, reward in hindsight(bank.states[a:b], list(templates)):
+                if _key(task, fields) == own:
+                    continue
+                frame.append(np.arange(a, b))
+                group.append(np.full(b - a, group_of(task, fields), np.int64))
+                labels.append(caption_label(ok, goal_progress(label_progress, reward, ok, bank.step[a:b])))
+    flags = np.concatenate([np.zeros(len(label), bool)] + [np.ones(len(f), bool) for f in frame[1:]])
+    return CaptionedFrames(bank.frames, np.concatenate(frame), np.concatenate(group), np.concatenate(labels), groups,
+                           bank.states, bank.episode, flags if hindsight is not None else None)
 
 
 def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
@@ -398,7 +440,13 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     size = image_size_of(model)
     pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
     bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress)
-    data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks}, cfg.label_progress)
+    labeller = None
+    if cfg.hindsight:
+        labeller = hindsight_labeller(suite)
+        if labeller is None:
+            raise ValueError(f"hindsight=true needs a suite with a hindsight labeller; {suite!r} has none "
+                             f"(suites with one: {[s for s in list_suites() if get_suite(s).hindsight]})")
+    data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks}, cfg.label_progress, labeller)
     center = None
     if cfg.center_text:
         center = text.encode(sorted({w for g in data.groups for w in g})).mean(0)
@@ -412,7 +460,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
             "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
             "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
-                       "label_progress": cfg.label_progress,
+                       "label_progress": cfg.label_progress, "hindsight": cfg.hindsight,
                        "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
                        "wordings": record["wordings"],
                        # every training wording, filled with the episodes' parameters (the goals it was fitted on)

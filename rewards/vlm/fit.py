@@ -94,6 +94,11 @@ class CaptionedFrames:
         states: optional float32 (N, Ds), the privileged state of each frame (auxiliary loss).
         episode: optional int (N,), the episode of each frame (frames of an episode are
             consecutive rows); needed by the ranking loss.
+        hindsight: optional bool (P,), pairs that are hindsight captions: another goal the
+            frame's scene could have been given, labelled from ground truth (``fit_image_tower``
+            scores every frame of a batch against all of them at once); the other pairs (a
+            frame's own episode's goal) are what batches are drawn from. Each frame has at
+            most one pair per group.
     """
 
     frames: np.ndarray
@@ -103,6 +108,7 @@ class CaptionedFrames:
     groups: list[list[str]]
     states: np.ndarray | None = None
     episode: np.ndarray | None = None
+    hindsight: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p = len(self.frame)
@@ -121,6 +127,25 @@ class CaptionedFrames:
             runs = 1 + int(np.count_nonzero(self.episode[1:] != self.episode[:-1])) if len(self.episode) else 0
             if runs != len(np.unique(self.episode)):
                 raise ValueError("the frames of each episode must be consecutive rows")
+        if self.hindsight is not None:
+            if self.hindsight.shape != (p,) or self.hindsight.dtype != bool:
+                raise ValueError(f"hindsight must be a bool (P,) array with P = {p} pairs, got "
+                                 f"{self.hindsight.dtype} {self.hindsight.shape}")
+            if bool(self.hindsight.all()):
+                raise ValueError("hindsight captions need pairs of the frames' own goals too (all pairs are hindsight)")
+
+    def primary(self) -> np.ndarray:
+        """Indices of the pairs that are not hindsight captions (a frame's own goal)."""
+        return np.arange(len(self.frame)) if self.hindsight is None else np.flatnonzero(~self.hindsight)
+
+    def hindsight_matrix(self) -> np.ndarray | None:
+        """float32 (N, G): the hindsight label of each frame for each group, NaN where none; None without any."""
+        if self.hindsight is None or not bool(self.hindsight.any()):
+            return None
+        out = np.full((len(self.frames), len(self.groups)), np.nan, np.float32)
+        h = self.hindsight
+        out[self.frame[h], self.group[h]] = self.label[h]
+        return out
 
 
 @dataclass
@@ -142,6 +167,10 @@ class FitSettings:
     # 0.5 lifted pick's held-out-wording VOC on manipulation but lowered stack's AUROC and the
     # validation bank's VOC (docs/results.md, issue 16 fifth round)
     synthetic_wordings: float = 0.0
+    # weight of the hindsight-caption loss (data.hindsight): every frame of a batch against every
+    # other goal its scene could have been given, pointwise and, with rank_weight, ranked within
+    # episodes; each group read in one wording drawn per step
+    hindsight_weight: float = 1.0
     seed: int = 0
     log_every: int = 200
 
@@ -153,9 +182,11 @@ class FitSettings:
             raise ValueError(f"pos_fraction must be in [0, 1], got {self.pos_fraction}")
         if not 0.0 <= self.synthetic_wordings <= 1.0:
             raise ValueError(f"synthetic_wordings must be in [0, 1], got {self.synthetic_wordings}")
-        if self.lr <= 0 or self.shift < 0 or self.warmup < 0 or self.state_weight < 0 or self.rank_weight < 0:
-            raise ValueError(f"lr must be > 0 and shift, warmup, state_weight, rank_weight >= 0; got {self.lr}, "
-                             f"{self.shift}, {self.warmup}, {self.state_weight}, {self.rank_weight}")
+        if self.lr <= 0 or self.shift < 0 or self.warmup < 0 or self.state_weight < 0 or self.rank_weight < 0 \
+                or self.hindsight_weight < 0:
+            raise ValueError(f"lr must be > 0 and shift, warmup, state_weight, rank_weight, hindsight_weight >= 0; "
+                             f"got {self.lr}, {self.shift}, {self.warmup}, {self.state_weight}, {self.rank_weight}, "
+                             f"{self.hindsight_weight}")
 
 
 def standardized_states(states: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
@@ -178,7 +209,8 @@ def random_shift(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tenso
 
 class EpisodePartners:
     """Draws, for pairs of ``data``, partner pairs: another frame of the same episode (uniformly),
-    paired with its own episode's goal. A frame without an own-goal pair is its own partner."""
+    paired with its own episode's goal (never a hindsight pair). A frame without an own-goal pair
+    is its own partner."""
 
     def __init__(self, data: CaptionedFrames):
         if data.episode is None:
@@ -188,7 +220,8 @@ class EpisodePartners:
         run = np.searchsorted(first, np.arange(n), side="right") - 1
         self.start, self.length = first[run], np.diff(np.r_[first, n])[run]
         self.pair_of_frame = np.full(n, -1, np.int64)
-        self.pair_of_frame[data.frame] = np.arange(len(data.frame))
+        own = data.primary()
+        self.pair_of_frame[data.frame[own]] = own
         self.frame = data.frame
 
     def draw(self, idx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -237,6 +270,40 @@ def ranking_loss(logit_a: torch.Tensor, logit_b: torch.Tensor, dy: torch.Tensor,
     return F.softplus(-torch.sign(dy[ranked]) * (logit_a - logit_b)[ranked]).mean()
 
 
+def hindsight_losses(z: torch.Tensor, table: torch.Tensor, starts: np.ndarray, sizes: np.ndarray, labels: np.ndarray,
+                     scale: torch.Tensor, bias: torch.Tensor, n_anchor: int, margin: float,
+                     rng: np.random.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(pointwise, ranking) losses of a batch against every caption group's hindsight labels.
+
+    Args:
+        z: (B, D) unit image embeddings of the batch.
+        table, starts, sizes: the wordings' embeddings (W, D) and each group's rows in it (G,).
+        labels: float32 (B, G), the hindsight label of each frame for each group, NaN where none.
+        scale, bias: the calibration (s, c) of the caption loss.
+        n_anchor: with ranking partners, rows [0, n_anchor) are anchors and rows
+            [n_anchor, 2 n_anchor) their partners (frames of the same episodes); 0: no ranking.
+        margin: label difference below which a pair is not ranked.
+        rng: draws one wording per group.
+
+    Returns:
+        the mean BCE of ``sigmoid(s cos + c)`` against every label there is, and the ranking
+        loss (``ranking_loss``) of every (anchor, partner, group) with labels on both; None for
+        a loss with nothing to score.
+    """
+    w = starts + (rng.random(len(sizes)) * sizes).astype(int)
+    logit = scale * (z @ table[torch.from_numpy(w)].T) + bias  # (B, G)
+    y = torch.from_numpy(labels)
+    have = ~torch.isnan(y)
+    point = F.binary_cross_entropy_with_logits(logit[have], y[have]) if bool(have.any()) else None
+    rank = None
+    if n_anchor > 0:
+        dy = y[:n_anchor] - y[n_anchor:2 * n_anchor]
+        both = ~torch.isnan(dy)
+        if bool(both.any()):
+            rank = ranking_loss(logit[:n_anchor][both], logit[n_anchor:2 * n_anchor][both], dy[both], margin)
+    return point, rank
+
+
 def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreprocess, data: CaptionedFrames,
                     settings: FitSettings, progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Fit ``model.visual`` in place so that cos(image, goal text) predicts the labels of ``data``.
@@ -253,12 +320,15 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     ranking = s.rank_weight > 0 and data.episode is not None
     n_anchor = s.batch_size // 2 if ranking else s.batch_size
-    pos = np.flatnonzero(data.label >= 0.5)
+    own = data.primary()  # batches are drawn from the frames' own goals
+    pos = own[data.label[own] >= 0.5]
     n_pos = int(round(n_anchor * s.pos_fraction)) if len(pos) else 0
     partners = EpisodePartners(data) if ranking else None
     # synthetic paraphrases draw from their own streams: the rest of the fit sees the same batches
     paraphrase = ParaphraseNoise(table, starts, sizes, s.seed + 1) if s.synthetic_wordings > 0 else None
     slot_rng = np.random.default_rng([s.seed, 1])
+    hind = data.hindsight_matrix() if s.hindsight_weight > 0 else None
+    hind_rng = np.random.default_rng([s.seed, 2])  # its own stream: the rest of the fit sees the same batches
 
     for p in model.parameters():
         p.requires_grad_(False)
@@ -266,7 +336,7 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
     for p in visual.parameters():
         p.requires_grad_(True)
     # calibration: cos 0 starts at the mean label; it learns faster than the tower (10x the lr)
-    mean = float(np.clip(data.label.mean(), 0.01, 0.99))
+    mean = float(np.clip(data.label[own].mean(), 0.01, 0.99))
     log_scale = torch.nn.Parameter(torch.tensor(math.log(10.0)))
     bias = torch.nn.Parameter(torch.tensor(math.log(mean / (1 - mean))))
     head, targets = None, None
@@ -287,12 +357,13 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         t = (step - s.warmup) / max(1, s.steps - s.warmup)
         return s.lr * 0.5 * (1.0 + math.cos(math.pi * t))
 
-    history, running, running_state, running_rank, t0 = [], 0.0, 0.0, 0.0, time.perf_counter()
+    history, running, running_state, running_rank, running_hind = [], 0.0, 0.0, 0.0, 0.0
+    t0 = time.perf_counter()
     visual.train()
     for step in range(s.steps):
         for gr in opt.param_groups:
             gr["lr"] = lr_at(step) * gr["lr_scale"]
-        idx = np.concatenate([rng.choice(pos, n_pos), rng.integers(0, len(data.label), n_anchor - n_pos)])
+        idx = np.concatenate([rng.choice(pos, n_pos), rng.choice(own, n_anchor - n_pos)])
         if partners is not None:
             idx = np.concatenate([idx, partners.draw(idx, rng)])
         g = data.group[idx]
@@ -319,6 +390,14 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
             if rank_loss is not None:
                 loss = loss + s.rank_weight * rank_loss
                 running_rank += float(rank_loss.detach())
+        if hind is not None:
+            h_loss, h_rank = hindsight_losses(z, table, starts, sizes, hind[data.frame[idx]], log_scale.exp(), bias,
+                                              n_anchor if partners is not None else 0, s.rank_margin, hind_rng)
+            if h_loss is not None:
+                loss = loss + s.hindsight_weight * h_loss
+                running_hind += float(h_loss.detach())
+            if h_rank is not None:
+                loss = loss + s.hindsight_weight * s.rank_weight * h_rank
         if head is not None:
             state_loss = F.mse_loss(head(emb), targets[torch.from_numpy(data.frame[idx])])
             loss = loss + s.state_weight * state_loss
@@ -331,13 +410,14 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         if (step + 1) % s.log_every == 0 or step + 1 == s.steps:
             n = (step % s.log_every) + 1
             history.append({"step": step + 1, "loss": running / n, "state_loss": running_state / n,
-                            "rank_loss": running_rank / n, "wall_s": time.perf_counter() - t0})
-            log.info("fit step %d/%d  caption loss %.4f  state loss %.3f  rank loss %.3f  scale %.1f  bias %.2f",
-                     step + 1, s.steps, running / n, running_state / n, running_rank / n, log_scale.exp().item(),
-                     bias.item())
+                            "rank_loss": running_rank / n, "hindsight_loss": running_hind / n,
+                            "wall_s": time.perf_counter() - t0})
+            log.info("fit step %d/%d  caption loss %.4f  state loss %.3f  rank loss %.3f  hindsight loss %.3f  "
+                     "scale %.1f  bias %.2f", step + 1, s.steps, running / n, running_state / n, running_rank / n,
+                     running_hind / n, log_scale.exp().item(), bias.item())
             if progress is not None:
                 progress(step + 1, running / n)
-            running = running_state = running_rank = 0.0
+            running = running_state = running_rank = running_hind = 0.0
     visual.eval()
     for p in model.parameters():
         p.requires_grad_(False)
