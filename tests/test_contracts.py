@@ -240,3 +240,45 @@ def test_bench_bad_config(tmp_path):
     r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", "sections=[sim,speed]",
                         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "sections" in r.stderr and "'speed'" in r.stderr and "experts" in r.stderr
+
+
+HINDSIGHT_TASKS = [t for s in SUITES if embodied.get_suite(s).hindsight for t in embodied.list_tasks(s)]
+
+
+@pytest.mark.parametrize("task", HINDSIGHT_TASKS)
+def test_hindsight_labels_replay_the_env_on_its_own_goal(task):
+    """A suite's hindsight labeller, fed an episode's recorded states, gives the env's success on
+    every step for the episode's own goal, and its dense reward wherever the env's reward terms do
+    not depend on what the states leave out (a contact: navigation's ``safety`` term), and labels
+    each goal of the suite's tasks once."""
+    from embodied.core.registry import hindsight_labeller
+
+    suite = get_task(task).suite
+    tasks = embodied.list_tasks(suite)
+    labeller = hindsight_labeller(suite)
+    env = embodied.make_env(task)
+    u = env.unwrapped
+    rng = np.random.default_rng(0)
+    for seed in (5, 6):
+        env.reset(seed=seed)
+        states, success, reward, exact = [], [], [], []
+        for t in range(u.max_episode_steps):
+            a = u.expert_action()
+            if t % 4 == 3:
+                a = rng.uniform(-1, 1, a.shape).astype(np.float32)
+            _, r, term, trunc, info = env.step(a)
+            states.append(u.privileged_state())
+            success.append(info["success"])
+            reward.append(r)
+            exact.append(info["reward_terms"].get("safety", 1.0) == 1.0)
+            if term or trunc:
+                break
+        goals = labeller(np.array(states), tasks)
+        assert {g[0] for g in goals} == set(tasks)
+        assert len({(g[0], tuple(sorted(g[1].items()))) for g in goals}) == len(goals)
+        own = [g for g in goals if g[0] == task and g[1] == {k: v for k, v in u.params.items() if isinstance(v, str)}]
+        assert len(own) == 1, (task, u.params)
+        _, _, ok, r_hind = own[0]
+        exact = np.array(exact)
+        assert np.array_equal(ok, success) and exact.mean() > 0.5
+        assert np.allclose(r_hind[exact], np.array(reward)[exact], atol=1e-4)

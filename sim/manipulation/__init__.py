@@ -16,4 +16,5 @@ for _t in TASKS.values():
     ))
 
 SUITE = register_suite(SuiteSpec("manipulation", tuple(TASKS),
-                                 "tabletop: reach, push, pick, place, stack, drawer, button"))
+                                 "tabletop: reach, push, pick, place, stack, drawer, button",
+                                 hindsight="sim.manipulation.tasks:hindsight_labels"))

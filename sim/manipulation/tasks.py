@@ -9,12 +9,12 @@ below, with its wordings from ``instructions.yaml`` beside this file. Reward ter
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from sim.manipulation.scene import BLOCK_COLORS, BUTTON_COLORS, BLOCK_HALF
-from sim.manipulation.state import STEP_M, block_index, button_index
+from sim.manipulation.state import STATE_DIM, STEP_M, block_index, button_index
 
 OPEN, CLOSE = -1.0, 1.0
 HALF_OPEN = 0.33  # each finger 1.5 cm from the centre line
@@ -303,3 +303,54 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     PressButton("press-button", "press the button of a given colour", {"reach": 0.3, "press": 0.7}, 60,
                 _button_color),
 ]}
+
+
+# ------------------------------------------------------------------ hindsight captions
+def task_goals(task: str) -> list[dict[str, str]]:
+    """Every parameter set ``task`` can be given in a scene: each block (or button) colour, each
+    ordered pair of blocks for ``stack``, the one goal of the drawer tasks."""
+    if task not in TASKS:
+        raise ValueError(f"no manipulation task {task!r}; the tasks are {list(TASKS)}")
+    if task == "stack":
+        return [{"color": a, "base": b} for a in BLOCK_COLORS for b in BLOCK_COLORS if a != b]
+    if task == "press-button":
+        return [{"color": c} for c in BUTTON_COLORS]
+    if task in ("open-drawer", "close-drawer"):
+        return [{}]
+    return [{"color": c} for c in BLOCK_COLORS]
+
+
+@dataclass
+class _Params:
+    """What a task's ``evaluate`` reads of its env besides the state: the episode's parameters."""
+
+    params: dict[str, str]
+
+
+def hindsight_labels(states: np.ndarray, tasks: Sequence[str]) -> list[tuple[str, dict[str, str], np.ndarray,
+                                                                               np.ndarray]]:
+    """Ground truth of every goal of the named tasks along an episode (hindsight captions).
+
+    Args:
+        states: (T, 27) the privileged states of the episode's recorded frames (``state.py``).
+        tasks: the tasks whose goals to label (``task_goals``).
+
+    Returns:
+        one ``(task, params, success (T,) bool, reward (T,) float32)`` per goal: its success
+        predicate and dense reward (weighted terms) in each frame, from the state alone, as the
+        env computes them.
+    """
+    states = np.asarray(states, np.float64)
+    if states.ndim != 2 or states.shape[1] != STATE_DIM or len(states) == 0:
+        raise ValueError(f"states must be (T, {STATE_DIM}) manipulation states with T >= 1, got {states.shape}")
+    out = []
+    for task in tasks:
+        for params in task_goals(task):
+            ctx, spec = _Params(params), TASKS[task]
+            success = np.zeros(len(states), bool)
+            reward = np.zeros(len(states), np.float32)
+            for t, s in enumerate(states):
+                ok, terms, weights = spec.evaluate(ctx, s)
+                success[t], reward[t] = ok, sum(weights[k] * terms[k] for k in weights)
+            out.append((task, dict(params), success, reward))
+    return out
