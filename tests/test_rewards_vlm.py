@@ -390,10 +390,10 @@ def test_hindsight_captions_change_the_fit_only_when_weighted():
 def test_hindsight_fit_is_refused_for_a_suite_without_a_labeller(tmp_path):
     from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
 
-    cfg = RewardFitConfig(suite="manipulation", tasks=["reach"], bank=BankConfig(seeds=1, behaviours=["random"]),
+    cfg = RewardFitConfig(suite="metaworld-mt10", tasks=["reach-v3"], bank=BankConfig(seeds=1, behaviours=["random"]),
                           hindsight=True, progress=False)
-    with pytest.raises(ValueError, match="hindsight=true needs a suite with a hindsight labeller; 'manipulation' "
-                                         r"has none \(suites with one: \['navigation'\]\)"):
+    with pytest.raises(ValueError, match="hindsight=true needs a suite with a hindsight labeller; 'metaworld' "
+                                         r"has none \(suites with one: \['manipulation', 'navigation'\]\)"):
         run_fit(cfg, tmp_path)
 
 

@@ -181,8 +181,12 @@ def resolve_tasks(suite: str | None = None, tasks: list[str] | str | None = None
 
 
 def hindsight_labeller(suite: str) -> Callable[..., Any] | None:
-    """The hindsight labeller a suite registered (``SuiteSpec.hindsight``), imported lazily; None if none."""
-    entry = get_suite(suite).hindsight
+    """The hindsight labeller a suite registered (``SuiteSpec.hindsight``), imported lazily; None if none
+    (also for the suite a task names that is no registered suite, as Meta-World's tasks name ``metaworld``)."""
+    try:
+        entry = get_suite(suite).hindsight
+    except UnknownNameError:
+        return None
     if not entry:
         return None
     module, _, attr = entry.partition(":")

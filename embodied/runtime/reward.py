@@ -429,6 +429,12 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     torch.manual_seed(cfg.fit.seed)
     tasks = resolve_tasks(cfg.suite, cfg.tasks)
     suite = suite_of(tasks)
+    labeller = None
+    if cfg.hindsight:
+        labeller = hindsight_labeller(suite)
+        if labeller is None:
+            raise ValueError(f"hindsight=true needs a suite with a hindsight labeller; {suite!r} has none "
+                             f"(suites with one: {[s for s in list_suites() if get_suite(s).hindsight]})")
     t0 = time.perf_counter()
     if cfg.init:
         overrides = dict(cfg.init_overrides)
@@ -440,12 +446,6 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     size = image_size_of(model)
     pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
     bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress)
-    labeller = None
-    if cfg.hindsight:
-        labeller = hindsight_labeller(suite)
-        if labeller is None:
-            raise ValueError(f"hindsight=true needs a suite with a hindsight labeller; {suite!r} has none "
-                             f"(suites with one: {[s for s in list_suites() if get_suite(s).hindsight]})")
     data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks}, cfg.label_progress, labeller)
     center = None
     if cfg.center_text:
