@@ -412,9 +412,10 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
             history.append({"step": step + 1, "loss": running / n, "state_loss": running_state / n,
                             "rank_loss": running_rank / n, "hindsight_loss": running_hind / n,
                             "wall_s": time.perf_counter() - t0})
-            log.info("fit step %d/%d  caption loss %.4f  state loss %.3f  rank loss %.3f  hindsight loss %.3f  "
-                     "scale %.1f  bias %.2f", step + 1, s.steps, running / n, running_state / n, running_rank / n,
-                     running_hind / n, log_scale.exp().item(), bias.item())
+            log.info("fit step %d/%d  caption loss %.4f  state loss %.3f  rank loss %.3f%s  scale %.1f  bias %.2f",
+                     step + 1, s.steps, running / n, running_state / n, running_rank / n,
+                     f"  hindsight loss {running_hind / n:.3f}" if hind is not None else "", log_scale.exp().item(),
+                     bias.item())
             if progress is not None:
                 progress(step + 1, running / n)
             running = running_state = running_rank = running_hind = 0.0
