@@ -264,7 +264,7 @@ def test_synthetic_paraphrases_vary_the_goal_as_training_wordings_do():
         ParaphraseNoise(table[2:], np.array([0]), np.array([1]), seed=0)
 
 
-def test_synthetic_wordings_change_the_fit_only_when_asked():
+def test_synthetic_wordings_and_turned_frames_change_the_fit_only_when_asked():
     from rewards.vlm.fit import CaptionedFrames, FitSettings, fit_image_tower
     from rewards.vlm.text import MiniLMText
 
@@ -275,17 +275,19 @@ def test_synthetic_wordings_change_the_fit_only_when_asked():
                            [["pick up the red block", "lift the red cube"], ["press the button", "push the button"]],
                            episode=episode)
 
-    def fitted(synthetic: float) -> list[torch.Tensor]:
+    def fitted(synthetic: float, dihedral: float = 0.0) -> list[torch.Tensor]:
         torch.manual_seed(0)
         model = build_open_clip("ViT-S-32", {"embed_dim": 384, "vision_cfg": TINY_VISION,
                                              "text_cfg": PLACEHOLDER_TEXT})
         fit_image_tower(model, MiniLMText(), ImagePreprocess(64, OPENAI_MEAN, OPENAI_STD), data,
-                        FitSettings(steps=3, batch_size=8, warmup=1, log_every=1, synthetic_wordings=synthetic))
+                        FitSettings(steps=3, batch_size=8, warmup=1, log_every=1, synthetic_wordings=synthetic,
+                                    dihedral=dihedral))
         return [p.detach().clone() for p in model.visual.parameters()]
 
-    base, again, synthetic = fitted(0.0), fitted(0.0), fitted(1.0)
+    base, again, synthetic, turned = fitted(0.0), fitted(0.0), fitted(1.0), fitted(0.0, 0.5)
     assert all(torch.equal(a, b) for a, b in zip(base, again))
     assert not all(torch.equal(a, b) for a, b in zip(base, synthetic))
+    assert not all(torch.equal(a, b) for a, b in zip(base, turned))
     with pytest.raises(ValueError, match="synthetic_wordings"):
         FitSettings(synthetic_wordings=1.5)
 

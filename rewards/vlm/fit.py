@@ -171,6 +171,10 @@ class FitSettings:
     # other goal its scene could have been given, pointwise and, with rank_weight, ranked within
     # episodes; each group read in one wording drawn per step
     hindsight_weight: float = 1.0
+    # share of frames shown turned by a random multiple of 90 degrees and/or mirrored (one of the
+    # seven other symmetries of the square, ``dihedral_transform``), for views whose labels do not
+    # change under them (a top-down view of a symmetric arena); such frames leave the state loss out
+    dihedral: float = 0.0
     seed: int = 0
     log_every: int = 200
 
@@ -180,6 +184,8 @@ class FitSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.pos_fraction <= 1.0:
             raise ValueError(f"pos_fraction must be in [0, 1], got {self.pos_fraction}")
+        if not 0.0 <= self.dihedral <= 1.0:
+            raise ValueError(f"dihedral must be in [0, 1], got {self.dihedral}")
         if not 0.0 <= self.synthetic_wordings <= 1.0:
             raise ValueError(f"synthetic_wordings must be in [0, 1], got {self.synthetic_wordings}")
         if self.lr <= 0 or self.shift < 0 or self.warmup < 0 or self.state_weight < 0 or self.rank_weight < 0 \
@@ -205,6 +211,20 @@ def random_shift(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tenso
     padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
     off = torch.randint(0, 2 * pad + 1, (x.shape[0], 2), generator=gen).tolist()
     return torch.stack([padded[i, :, oy:oy + s, ox:ox + s] for i, (oy, ox) in enumerate(off)])
+
+
+def dihedral_transform(x: torch.Tensor, k: np.ndarray) -> torch.Tensor:
+    """Each image of (B, C, S, S) under element ``k[i]`` in 0..7 of the square's symmetry group:
+    turned by ``k % 4`` quarter turns counter-clockwise, then mirrored left-right when ``k >= 4``
+    (0 leaves it as it is)."""
+    out = x.clone()
+    for e in np.unique(k):
+        if e == 0:
+            continue
+        rows = torch.from_numpy(np.flatnonzero(k == e))
+        y = torch.rot90(x[rows], int(e) % 4, dims=(-2, -1))
+        out[rows] = torch.flip(y, dims=(-1,)) if e >= 4 else y
+    return out
 
 
 class EpisodePartners:
@@ -329,6 +349,7 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
     slot_rng = np.random.default_rng([s.seed, 1])
     hind = data.hindsight_matrix() if s.hindsight_weight > 0 else None
     hind_rng = np.random.default_rng([s.seed, 2])  # its own stream: the rest of the fit sees the same batches
+    sym_rng = np.random.default_rng([s.seed, 3])
 
     for p in model.parameters():
         p.requires_grad_(False)
@@ -369,6 +390,11 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         g = data.group[idx]
         w = starts[g][:, None] + (rng.random((len(idx), s.wordings_per_frame)) * sizes[g][:, None]).astype(int)
         x = random_shift(preprocess(data.frames[data.frame[idx]]), s.shift, gen)
+        sym = np.zeros(len(idx), np.int64)
+        if s.dihedral > 0:
+            turned = sym_rng.random(len(idx)) < s.dihedral
+            sym[turned] = sym_rng.integers(1, 8, int(turned.sum()))
+            x = dihedral_transform(x, sym).contiguous(memory_format=torch.channels_last)
         goals = table[torch.from_numpy(w)]  # (B, K, D)
         if paraphrase is not None:  # slots of the anchors; a ranking partner takes its anchor's
             synthetic = slot_rng.random((n_anchor, s.wordings_per_frame)) < s.synthetic_wordings
@@ -399,7 +425,9 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
             if h_rank is not None:
                 loss = loss + s.hindsight_weight * s.rank_weight * h_rank
         if head is not None:
-            state_loss = F.mse_loss(head(emb), targets[torch.from_numpy(data.frame[idx])])
+            plain = torch.from_numpy(sym == 0)  # the state is where things are in the frame as rendered
+            state_loss = F.mse_loss(head(emb[plain]), targets[torch.from_numpy(data.frame[idx][sym == 0])]) \
+                if bool(plain.any()) else emb.sum() * 0.0
             loss = loss + s.state_weight * state_loss
             running_state += float(state_loss.detach())
         opt.zero_grad(set_to_none=True)
