@@ -717,6 +717,17 @@ def test_reward_commands_smoke(tmp_path, fitted):
     assert m["score_frames_per_s"] > 0 and 0 < m["end_to_end_fraction"] <= 1.5
 
 
+def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
+    """configs/reward_fit_suite/navigation.yaml: 1,000 seeds per task and episode labels; the other
+    bank settings stay the schema's."""
+    out = embodied_cli("reward", "fit", "suite=navigation", "--cfg", "job", cwd=tmp_path).stdout
+    import yaml
+
+    cfg = yaml.safe_load(out)
+    assert cfg["bank"]["seeds"] == 1000 and cfg["bank"]["frame_stride"] == 2 and cfg["label_progress"] == "episode"
+    assert cfg["hindsight"] is False and cfg["fit"]["dihedral"] == 0.0
+
+
 def test_reward_command_errors(tmp_path, fitted):
     r = embodied_cli("reward", "evaluate", cwd=tmp_path, check=False)
     assert r.returncode == 2 and "Did you mean 'eval'" in r.stderr
