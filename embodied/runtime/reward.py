@@ -25,6 +25,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -356,19 +357,21 @@ LABEL_PROGRESS: dict[str, Callable[[RolloutBank], np.ndarray]] = {
 
 
 def goal_progress(label_progress: str, reward: np.ndarray, success: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """The progress half of one goal's caption labels along one episode, per ``label_progress``
-    (what ``LABEL_PROGRESS`` computes for a bank's own goals; float32 (T,) from (T,) arrays)."""
-    episode = np.zeros(len(reward), np.int64)
-    if label_progress == "dense":
-        return np.asarray(reward, np.float32)
-    if label_progress == "episode":
-        return episode_progress(reward, episode)
+    """The progress half of one goal's caption labels along one episode, per ``label_progress``:
+    ``LABEL_PROGRESS`` applied to that episode alone (float32 (T,) from (T,) arrays)."""
     first = np.flatnonzero(success)
-    return time_progress(step, episode, np.array([step[first[0]] if len(first) else 0]), reward)
+    episode = SimpleNamespace(gt_reward=reward, episode=np.zeros(len(reward), np.int64), step=step,
+                              episodes=[{"success": len(first) > 0, "length": int(step[first[0]]) if len(first) else 0}])
+    return LABEL_PROGRESS[label_progress](episode)
+
+
+def _fields(params: dict[str, Any]) -> dict[str, str]:
+    """An episode's instruction fields: its string parameters."""
+    return {k: v for k, v in params.items() if isinstance(v, str)}
 
 
 def _key(task: str, params: dict[str, Any]) -> str:
-    return json.dumps([task, {k: v for k, v in params.items() if isinstance(v, str)}], sort_keys=True)
+    return json.dumps([task, _fields(params)], sort_keys=True)
 
 
 def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], label_progress: str = "dense",
@@ -393,7 +396,7 @@ def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], l
         key = _key(task, params)
         if key not in keys:
             keys[key] = len(groups)
-            groups.append(goal_wordings(templates[task], {k: v for k, v in params.items() if isinstance(v, str)}))
+            groups.append(goal_wordings(templates[task], _fields(params)))
         return keys[key]
 
     ep_group = np.array([group_of(e["task"], e["params"]) for e in bank.episodes], np.int64)
