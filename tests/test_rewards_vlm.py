@@ -399,6 +399,48 @@ def test_hindsight_fit_is_refused_for_a_suite_without_a_labeller(tmp_path):
         run_fit(cfg, tmp_path)
 
 
+def test_split_clauses_keeps_each_conjunction_with_its_clause():
+    from rewards.vlm.text import split_clauses
+
+    assert split_clauses("reach the blue ball without getting close to the red ball") == \
+        ["reach the blue ball", "without getting close to the red ball"]
+    assert split_clauses("find the red landmark, go there; then stop") == ["find the red landmark", "go there", "then stop"]
+    assert split_clauses("pick up the cube") == ["pick up the cube"]
+    assert split_clauses("  ") == [""]  # nothing to split: the (empty) instruction itself
+
+
+def test_clause_text_tells_the_goal_from_the_object_to_avoid():
+    from rewards.vlm.text import ClauseText, MiniLMText
+
+    whole, clauses = MiniLMText(), ClauseText(MiniLMText())
+    goal = "get close to the blue ball but not to the red ball"
+    swapped = "get close to the red ball but not to the blue ball"
+    w, c = whole.encode([goal, swapped]), clauses.encode([goal, swapped])
+    assert float(w[0] @ w[1]) > 0.99  # the sentence embedding hardly sees which ball is which
+    assert float(c[0] @ c[1]) < 0.9
+    one = clauses.encode(["go to the red ball"])
+    assert clauses.dim == 2 * whole.dim and one.shape == (1, clauses.dim)
+    assert torch.allclose(one.norm(dim=-1), torch.ones(1)) and float(one[0, whole.dim:].abs().max()) == 0.0
+    # the first half of a one-clause instruction is the sentence embedding itself
+    assert torch.allclose(one[0, :whole.dim], whole.encode(["go to the red ball"])[0], atol=1e-6)
+
+
+def test_clause_text_fit_round_trips_through_its_checkpoint(tmp_path):
+    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from rewards.vlm.fit import FitSettings
+
+    with pytest.raises(ValueError, match="text_clauses=true reads instructions with the MiniLM text side"):
+        RewardFitConfig(text_clauses=True, init="weights.pt")
+    run_fit(RewardFitConfig(suite="navigation", tasks=["approach-avoid"], bank=BankConfig(seeds=1, behaviours=["expert"]),
+                            text_clauses=True, fit=FitSettings(steps=1, batch_size=4), progress=False), tmp_path)
+    reward = load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "reward")))
+    assert reward.describe()["text"] == {"name": "minilm", "dim": 768, "clauses": True, "centered": True}
+    frames, instruction = frames_of("approach-avoid", n=2)
+    goal = reward(frames, None, instruction).reward
+    assert np.all(np.isfinite(goal)) and goal.shape == (len(frames),)
+    assert reward.text.encode([instruction]).shape == (1, 768)
+
+
 # -------------------------------------------------------------------------------- math
 def test_projection_reward_against_the_matrix_formula():
     rng = np.random.default_rng(1)

@@ -263,6 +263,10 @@ class RewardFitConfig:
                                                             "head_width": 8})
     center_text: bool = True  # remove the mean embedding of the training wordings (rewards.vlm.text.CenteredText)
     text: str = "auto"  # minilm (frozen all-MiniLM-L6-v2) | open_clip (the init checkpoint's own tower) | auto
+    # read instructions clause by clause (rewards.vlm.text.ClauseText: the goal's clause, then the
+    # rest; twice the embedding width), so that which named object is the goal and which the one to
+    # avoid survives the sentence encoder. MiniLM text side only
+    text_clauses: bool = False
     init: str = ""  # a local open_clip weights file of `arch` to fine-tune instead of starting from scratch
     # with init: entries of the arch's open_clip config to replace (e.g. {vision_cfg: {image_size: 64}})
     init_overrides: dict[str, Any] = field(default_factory=dict)
@@ -293,6 +297,9 @@ class RewardFitConfig:
             raise ValueError(f"text must be 'auto', 'minilm' or 'open_clip', got {self.text!r}")
         if self.text == "open_clip" and not self.init:
             raise ValueError("text=open_clip locks the text tower of a checkpoint: give init=PATH (open_clip weights)")
+        if self.text_clauses and (self.init or self.text == "open_clip"):
+            raise ValueError("text_clauses=true reads instructions with the MiniLM text side, whose width it doubles; "
+                             "a fine-tuned checkpoint (init=PATH) keeps its own text tower and width: drop one of them")
         if self.text == "minilm" and self.init:
             raise ValueError("init=PATH fine-tunes a user's open_clip model against its own text tower: use "
                              "text=auto or text=open_clip")
@@ -424,7 +431,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
 
     from rewards.vlm.fit import fit_image_tower
     from rewards.vlm.model import ImagePreprocess
-    from rewards.vlm.text import MINILM_DIM, CenteredText, MiniLMText, OpenClipText
+    from rewards.vlm.text import MINILM_DIM, CenteredText, ClauseText, MiniLMText, OpenClipText
     from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, PLACEHOLDER_TEXT, build_open_clip, image_size_of,
                                     load_open_clip, save_reward_checkpoint)
 
@@ -443,9 +450,12 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
         overrides = dict(cfg.init_overrides)
         model, text_name = load_open_clip(cfg.arch, cfg.init, overrides), "open_clip"
     else:
-        overrides = {"embed_dim": MINILM_DIM, "vision_cfg": dict(cfg.vision), "text_cfg": PLACEHOLDER_TEXT}
+        overrides = {"embed_dim": MINILM_DIM * (2 if cfg.text_clauses else 1), "vision_cfg": dict(cfg.vision),
+                     "text_cfg": PLACEHOLDER_TEXT}
         model, text_name = build_open_clip(cfg.arch, overrides), "minilm"
     text = MiniLMText() if text_name == "minilm" else OpenClipText(model, cfg.arch)
+    if cfg.text_clauses:
+        text = ClauseText(text)
     size = image_size_of(model)
     pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
     bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress)
@@ -461,9 +471,11 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
             "image_size": cfg.image_size, "tower_image_size": size, "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD),
             "camera": cfg.camera or None,
             "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
+            "text_clauses": cfg.text_clauses,
             "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
                        "label_progress": cfg.label_progress, "hindsight": cfg.hindsight,
+                       "text_clauses": cfg.text_clauses,
                        "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
                        "wordings": record["wordings"],
                        # every training wording, filled with the episodes' parameters (the goals it was fitted on)

@@ -319,7 +319,7 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
     """The CLIP reward ``cfg`` describes, its weights read from ``cfg.checkpoint``."""
     from pathlib import Path
 
-    from rewards.vlm.text import CenteredText, MiniLMText, OpenClipText
+    from rewards.vlm.text import CenteredText, ClauseText, MiniLMText, OpenClipText
     from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, RewardCheckpointError, image_size_of,
                                     is_reward_checkpoint, load_open_clip, read_reward_checkpoint)
 
@@ -333,6 +333,8 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
             raise ValueError(f"reward.camera={cfg.camera!r}, but {cfg.checkpoint!r} was fitted on "
                              f"{meta.get('camera') or 'env.render()'} frames; leave reward.camera empty")
         text = MiniLMText() if meta["text"]["name"] == "minilm" else OpenClipText(model, meta["arch"])
+        if meta.get("text_clauses"):
+            text = ClauseText(text)
         if meta.get("text_center") is not None:
             text = CenteredText(text, torch.tensor(meta["text_center"]))
         size = int(meta["image_size"])  # the frames it reads; the tower may take another size

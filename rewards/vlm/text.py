@@ -5,6 +5,9 @@
   side: its embeddings of paraphrases lie close together, which is what lets a reward
   fitted on the training wordings score held-out wordings.
 - ``OpenClipText``: the text tower and tokenizer of an open_clip model (a user's checkpoint).
+- ``ClauseText``: a text side read clause by clause (the goal's clause, then the rest), for
+  instructions whose roles a whole-sentence embedding blurs ("reach the blue ball and avoid the
+  red one" against "reach the red ball and avoid the blue one").
 
 Both are deterministic; callers cache per string (``ClipReward`` does).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Any, Sequence
 
 import torch
@@ -93,3 +97,48 @@ class CenteredText:
 
     def describe(self) -> dict:
         return {**self.inner.describe(), "centered": True}
+
+
+# a clause ends at a comma or semicolon, or before a conjunction that starts a new one (kept with it,
+# so "without ..." keeps its negation)
+CLAUSE_BREAK = re.compile(r"\s*[,;]\s*|\s+(?=(?:while|but|and|without|then)\b)")
+
+
+def split_clauses(text: str) -> list[str]:
+    """The clauses of an instruction, in order: split at commas and semicolons and before
+    "while", "but", "and", "without", "then" (the conjunction starts the next clause)."""
+    return [c.strip() for c in CLAUSE_BREAK.split(text) if c and c.strip()] or [text.strip()]
+
+
+class ClauseText:
+    """``normalize([inner(first clause), mean of inner(each later clause)])``, 2 x inner.dim wide
+    (the second half zero for a one-clause instruction).
+
+    A sentence embedding pools its words, so it hardly tells which of two named objects is the
+    goal and which the one to avoid: all-MiniLM-L6-v2 embeds "get close to the blue ball but not to
+    the red ball" and its role swap at cosine 0.997 after centring. Read clause by clause, the
+    goal's clause and the constraint's clause each keep their object, and the two orders differ.
+    The convention it assumes: the goal comes first, as in every wording of the built-in suites; an
+    instruction that states a constraint before its goal ("avoid the red ball and reach the blue
+    one") is read with the roles swapped. It also splits phrases that are not clauses ("between
+    the red and blue balls"), which the image tower then learns to read as one goal.
+    """
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.name, self.dim = inner.name, 2 * inner.dim
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        parts = [split_clauses(t) for t in texts]
+        unique = sorted({c for p in parts for c in p})
+        table = self.inner.encode(unique)
+        row = {c: i for i, c in enumerate(unique)}
+        out = torch.zeros(len(texts), self.dim)
+        for i, p in enumerate(parts):
+            out[i, :self.inner.dim] = table[row[p[0]]]
+            if len(p) > 1:
+                out[i, self.inner.dim:] = table[[row[c] for c in p[1:]]].mean(0)
+        return torch.nn.functional.normalize(out, dim=-1)
+
+    def describe(self) -> dict:
+        return {**self.inner.describe(), "dim": self.dim, "clauses": True}
