@@ -768,6 +768,19 @@ def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
     cfg = yaml.safe_load(out)
     assert cfg["bank"]["seeds"] == 1000 and cfg["bank"]["frame_stride"] == 2 and cfg["label_progress"] == "episode"
     assert cfg["hindsight"] is False and cfg["fit"]["dihedral"] == 0.0
+    assert cfg["text_clauses"] is True  # navigation reads instructions clause by clause; the others do not
+    other = yaml.safe_load(embodied_cli("reward", "fit", "suite=manipulation", "--cfg", "job", cwd=tmp_path).stdout)
+    assert other["text_clauses"] is False and other["bank"]["seeds"] == 100
+
+
+def test_navigation_reward_eval_recipe_scores_forty_held_out_seeds(tmp_path):
+    """configs/reward_eval_suite/navigation.yaml: 40 held-out seeds per task; other suites keep 10."""
+    import yaml
+
+    nav = yaml.safe_load(embodied_cli("reward", "eval", "suite=navigation", "--cfg", "job", cwd=tmp_path).stdout)
+    assert nav["bank"] == {**nav["bank"], "seeds": 40, "seed": 1_000_000, "split": "heldout"}
+    other = yaml.safe_load(embodied_cli("reward", "eval", "suite=metaworld-mt10", "--cfg", "job", cwd=tmp_path).stdout)
+    assert other["bank"]["seeds"] == 10
 
 
 def test_reward_command_errors(tmp_path, fitted):
