@@ -773,14 +773,13 @@ def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
     assert other["text_clauses"] is False and other["bank"]["seeds"] == 100
 
 
-def test_navigation_reward_eval_recipe_scores_forty_held_out_seeds(tmp_path):
-    """configs/reward_eval_suite/navigation.yaml: 40 held-out seeds per task; other suites keep 10."""
+def test_reward_eval_scores_forty_held_out_seeds_but_mt10_ten(tmp_path):
+    """The held-out bank: 40 seeds per task; configs/reward_eval_suite/metaworld-mt10.yaml: 10."""
     import yaml
 
-    nav = yaml.safe_load(embodied_cli("reward", "eval", "suite=navigation", "--cfg", "job", cwd=tmp_path).stdout)
-    assert nav["bank"] == {**nav["bank"], "seeds": 40, "seed": 1_000_000, "split": "heldout"}
-    other = yaml.safe_load(embodied_cli("reward", "eval", "suite=metaworld-mt10", "--cfg", "job", cwd=tmp_path).stdout)
-    assert other["bank"]["seeds"] == 10
+    for suite, seeds in (("navigation", 40), ("manipulation", 40), ("metaworld-mt10", 10)):
+        cfg = yaml.safe_load(embodied_cli("reward", "eval", f"suite={suite}", "--cfg", "job", cwd=tmp_path).stdout)
+        assert cfg["bank"] == {**cfg["bank"], "seeds": seeds, "seed": 1_000_000, "split": "heldout"}, suite
 
 
 def test_reward_command_errors(tmp_path, fitted):
