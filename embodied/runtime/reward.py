@@ -297,7 +297,7 @@ class RewardFitConfig:
             raise ValueError(f"text must be 'auto', 'minilm' or 'open_clip', got {self.text!r}")
         if self.text == "open_clip" and not self.init:
             raise ValueError("text=open_clip locks the text tower of a checkpoint: give init=PATH (open_clip weights)")
-        if self.text_clauses and (self.init or self.text == "open_clip"):
+        if self.text_clauses and self.init:  # (text=open_clip needs init, refused above without it)
             raise ValueError("text_clauses=true reads instructions with the MiniLM text side, whose width it doubles; "
                              "a fine-tuned checkpoint (init=PATH) keeps its own text tower and width: drop one of them")
         if self.text == "minilm" and self.init:
@@ -475,7 +475,6 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
             "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
                        "label_progress": cfg.label_progress, "hindsight": cfg.hindsight,
-                       "text_clauses": cfg.text_clauses,
                        "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
                        "wordings": record["wordings"],
                        # every training wording, filled with the episodes' parameters (the goals it was fitted on)

@@ -9,7 +9,7 @@
   instructions whose roles a whole-sentence embedding blurs ("reach the blue ball and avoid the
   red one" against "reach the red ball and avoid the blue one").
 
-Both are deterministic; callers cache per string (``ClipReward`` does).
+All are deterministic; callers cache per string (``ClipReward`` does).
 """
 
 from __future__ import annotations
