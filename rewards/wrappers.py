@@ -8,8 +8,8 @@ the mean over the episode's last k frames.
 
 - ``RewardWrapper(env, model)``: one gymnasium env; takes each step's frame (the observation
   image of ``model.camera``, else ``env.render()``) and scores it against the episode's
-  instruction (``obs["instruction"]``). ``frame_env_kwargs(model.camera, model.image_size)``
-  gives the ``make_env`` arguments that make such an env.
+  instruction (``obs["instruction"]``). ``frame_env_kwargs(model.camera, model.image_size,
+  model.supersample)`` gives the ``make_env`` arguments that make such an env.
 - ``RewardInputs(env)`` + ``VecRewardWrapper(venv, model)``: for SB3 vector envs. The first
   runs inside each sub-env (in the worker process for ``SubprocVecEnv``, so rendering is
   parallel; pass ``camera=model.camera``) and puts the frame, the instruction and the privileged state of every step in
@@ -29,13 +29,15 @@ from stable_baselines3.common.vec_env import VecEnvWrapper
 from embodied.core.reward import RewardInputError, RewardModel
 
 
-def frame_env_kwargs(camera: str | None, image_size: int) -> dict[str, Any]:
+def frame_env_kwargs(camera: str | None, image_size: int, supersample: int = 1) -> dict[str, Any]:
     """``make_env`` keyword arguments under which an env yields the frames a reward reads:
     observation images of ``camera`` (the state kept beside them), else ``render()`` frames,
-    of side ``image_size`` (a model's ``camera`` and ``image_size``)."""
+    of side ``image_size``, anti-aliased by ``supersample`` (a model's ``camera``,
+    ``image_size`` and ``supersample``)."""
+    extra = {"supersample": int(supersample)} if supersample != 1 else {}
     if camera:
-        return {"obs_mode": "state+pixels", "cameras": [camera], "image_size": image_size}
-    return {"render_mode": "rgb_array", "render_size": image_size}
+        return {"obs_mode": "state+pixels", "cameras": [camera], "image_size": image_size, **extra}
+    return {"render_mode": "rgb_array", "render_size": image_size, **extra}
 
 
 def read_frame(env: gym.Env, obs: Any, camera: str | None) -> np.ndarray:
@@ -58,8 +60,19 @@ def _check_weights(env_weight: float, model_weight: float, smoothing: int) -> No
         raise ValueError(f"smoothing must be >= 1 (frames averaged), got {smoothing}")
 
 
+def _check_supersample(have: Any, model: RewardModel) -> None:
+    want = int(getattr(model, "supersample", 1) or 1)
+    if "frames" in model.inputs and have is not None and int(have) != want:
+        raise RewardInputError(f"{type(model).__name__} reads frames drawn with supersample={want}, but the env "
+                               f"draws them with supersample={have}: make the env with supersample={want} "
+                               f"(rewards.wrappers.frame_env_kwargs gives every argument)")
+
+
 def _check_render(env: gym.Env, model: RewardModel) -> None:
-    if "frames" not in model.inputs or model.camera:
+    if "frames" not in model.inputs:
+        return
+    _check_supersample(getattr(env.unwrapped, "supersample", None), model)
+    if model.camera:
         return
     if getattr(env, "render_mode", None) != "rgb_array":
         raise RewardInputError(f"{type(model).__name__} reads rendered frames: make the env with "
@@ -157,6 +170,13 @@ class VecRewardWrapper(VecEnvWrapper):
         self.env_weight, self.model_weight = float(env_weight), float(model_weight)
         self.smoothing = int(smoothing if smoothing is not None else getattr(model, "smoothing", 1))
         _check_weights(self.env_weight, self.model_weight, self.smoothing)
+        if "frames" in model.inputs:
+            try:
+                have = set(venv.get_attr("supersample"))
+            except AttributeError:  # envs that do not say how they draw
+                have = set()
+            for k in have:
+                _check_supersample(k, model)
         self._recent = [deque(maxlen=self.smoothing) for _ in range(self.num_envs)]
 
     def reset(self):

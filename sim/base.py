@@ -55,8 +55,11 @@ def _close_renderers() -> None:
         env.close()
 
 
+MAX_SUPERSAMPLE = 4
+
+
 def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_episode_steps: int | None,
-                   render_size: int = 224) -> None:
+                   render_size: int = 224, supersample: int = 1) -> None:
     """Validate the constructor arguments every world shares (ours and adapters)."""
     if obs_mode not in OBS_MODES:
         raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
@@ -68,6 +71,12 @@ def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_
         raise ValueError(f"render_size must be in [8, 2048] pixels (the side of render() frames), got {render_size}")
     if max_episode_steps is not None and int(max_episode_steps) < 1:
         raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+    if isinstance(supersample, bool) or int(supersample) != supersample or not 1 <= supersample <= MAX_SUPERSAMPLE:
+        raise ValueError(f"supersample must be an integer in [1, {MAX_SUPERSAMPLE}] (1: off; k: every frame drawn "
+                         f"at k times its side, each k x k block averaged), got {supersample!r}")
+    if max(int(image_size), int(render_size)) * supersample > 2048:
+        raise ValueError(f"supersample={supersample} draws frames of {max(int(image_size), int(render_size)) * supersample} "
+                         f"pixels (image_size {image_size}, render_size {render_size}); at most 2048: lower one of them")
 
 
 def check_instructions(instructions: list[str] | tuple[str, ...] | str | None) -> tuple[str, ...] | None:
@@ -108,6 +117,11 @@ class BaseEnv(gym.Env):
             robot's path since reset with ``trail=True``); observation images keep MuJoCo's
             default drawing, so what pixel policies see is unchanged.
         max_episode_steps: override the task's time limit.
+        supersample: anti-aliasing of every frame (observation images and ``render()``): drawn
+            at ``supersample`` times its side and each ``supersample`` x ``supersample`` block
+            averaged, so an edge that crosses a pixel leaves a blend of its two colours and a
+            small object's position shows below one pixel. 1 (the default) draws at the side
+            itself, as MuJoCo does without multisampling.
 
     Raises:
         ValueError: an argument out of range (``render_size`` included), an unknown camera or
@@ -135,9 +149,11 @@ class BaseEnv(gym.Env):
         render_mode: str | None = None,
         render_size: int = 224,
         max_episode_steps: int | None = None,
+        supersample: int = 1,
     ):
         self.spec_task: TaskSpec = get_task(task)
-        check_env_args(obs_mode, render_mode, image_size, max_episode_steps, render_size)
+        check_env_args(obs_mode, render_mode, image_size, max_episode_steps, render_size, supersample)
+        self.supersample = int(supersample)
         self.obs_mode, self.render_mode = obs_mode, render_mode
         self.image_size, self.render_size = int(image_size), int(render_size)
         custom = check_instructions(instructions)
@@ -260,6 +276,13 @@ class BaseEnv(gym.Env):
 
     # ------------------------------------------------------------- rendering
     def _render(self, camera: str, size: int, scene_option: Any = None, mark: bool = False) -> np.ndarray:
+        k = self.supersample
+        if k == 1:
+            return self._draw(camera, size, scene_option, mark)
+        big = self._draw(camera, size * k, scene_option, mark).astype(np.uint16)
+        return ((big.reshape(size, k, size, k, 3).sum((1, 3)) + k * k // 2) // (k * k)).astype(np.uint8)
+
+    def _draw(self, camera: str, size: int, scene_option: Any = None, mark: bool = False) -> np.ndarray:
         r = self._renderers.get(size)
         if r is None:
             r = self._renderers[size] = make_renderer(self.model, size, size)

@@ -298,6 +298,16 @@ def test_render_size_out_of_range_is_refused_at_construction(size):
         make_env("reach", render_mode="rgb_array", render_size=size)
 
 
+@pytest.mark.parametrize("k", [0, 5, 1.5, True])
+def test_supersample_out_of_range_is_refused_at_construction(k):
+    from embodied.core.registry import make_env
+
+    with pytest.raises(ValueError, match=r"supersample must be an integer in \[1, 4\]"):
+        make_env("reach", render_mode="rgb_array", render_size=32, supersample=k)
+    with pytest.raises(ValueError, match="supersample=4 draws frames of 4096 pixels"):
+        make_env("reach", render_mode="rgb_array", render_size=1024, supersample=4)
+
+
 def test_train_passes_on_corrupt_to_the_dataset(tmp_path):
     from embodied.core.errors import DatasetError
     from embodied.runtime.collect import collect

@@ -82,6 +82,8 @@ class EmbodiedEnv(Protocol):
         render_mode: None or ``"rgb_array"``.
         render_size: side of ``render()`` frames (pixels).
         render_camera: the camera ``render()`` shows.
+        supersample: anti-aliasing factor of every frame (1: none; k: drawn at k times the side,
+            each k x k block averaged).
         proprio_dims: leading state entries kept in ``"pixels"`` mode.
         instruction: the current episode's instruction ("" before the first reset).
         instruction_split: ``"train"``, ``"heldout"`` or ``"custom"`` (the user's own wording).
@@ -103,6 +105,7 @@ class EmbodiedEnv(Protocol):
     render_mode: str | None
     render_size: int
     render_camera: str
+    supersample: int
     proprio_dims: int
     instruction: str
     instruction_split: str

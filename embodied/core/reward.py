@@ -60,6 +60,9 @@ class RewardModel(abc.ABC):
     #: the camera whose observation images the model reads (``obs["image"]`` of an env made
     #: with ``cameras=[camera]``); None: the env's ``render()`` frames
     camera: str | None = None
+    #: anti-aliasing of those frames: the ``supersample`` factor of the env that draws them
+    #: (``make_env(..., supersample=k)``; 1: none)
+    supersample: int = 1
 
     def check_suite(self, suite: str) -> None:
         """Raise ``RewardMismatchError`` unless the model may score tasks of ``suite``."""

@@ -61,6 +61,9 @@ class PreferConfig:
     render: bool = False  # record frames (forced on for the vlm and human teachers and image rewards)
     render_size: int = 64  # side of recorded frames (teacher=vlm: the reward's own, when it says)
     render_camera: str = ""  # camera of recorded frames (default: the task's; teacher=vlm: the reward's own)
+    # anti-aliasing of recorded frames (make_env's supersample; teacher=vlm: the reward's own). It
+    # draws every frame of the env, a pixel policy's observation images too
+    render_supersample: int = 1
     port: int = 8765  # teacher=human: the label page's port (loopback)
     seed: int = 0
     reward_path: str = ""  # action=eval: a reward written by `embodied prefer` (reward.pt)

@@ -74,12 +74,15 @@ def trajectory_return(reward: RewardModel, t: Trajectory) -> float:
     return float(np.sum(reward(frames, states if "states" in reward.inputs else None, t.instruction).reward))
 
 
-def frame_env(task: str, frames: bool, size: int, camera: str = "", **kw: Any) -> Any:
+def frame_env(task: str, frames: bool, size: int, camera: str = "", supersample: int = 1, **kw: Any) -> Any:
     """``make_env(task, **kw)`` whose ``render()`` gives (size, size) frames of ``camera`` (default:
-    the task's render camera) when ``frames``; the same pixels as that camera's observation images
-    at that size, which is what a camera-fitted reward (the VLM teacher's) reads."""
+    the task's render camera), anti-aliased by ``supersample``, when ``frames``; the same pixels as
+    that camera's observation images at that size, which is what a camera-fitted reward (the VLM
+    teacher's) reads."""
     if frames:
         kw.update(render_mode="rgb_array", render_size=size)
+        if supersample != 1:
+            kw["supersample"] = supersample
     env = make_env(task, **kw)
     if frames and camera:
         u = env.unwrapped

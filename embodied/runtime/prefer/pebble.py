@@ -129,7 +129,7 @@ class PebbleLearner:
 
     def __init__(self, cfg: PreferConfig, frames: bool):
         self.cfg, self.frames = cfg, frames
-        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera)
+        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera, cfg.render_supersample)
         self.wrapped = StateRewardEnv(self.env, None, frames)
         self.model = self._sac(self.wrapped)
         self.model.replay_buffer.intrinsic_k = cfg.pebble_knn if cfg.pebble_unsup_steps else 0

@@ -19,8 +19,9 @@ class RankingLearner:
     changes the ranking. Seeds fix each candidate's episode, so the learned and the ground-truth
     reward rank the very same trajectories (equal env steps)."""
 
-    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int, camera: str = ""):
-        self.env = frame_env(task, frames, render_size, camera)
+    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int, camera: str = "",
+                 supersample: int = 1):
+        self.env = frame_env(task, frames, render_size, camera, supersample)
         self.k, self.frames, self.next_seed = candidates, frames, seed
         self.seed, self.env_steps = seed, 0
         self.reward: RewardModel | None = None
@@ -73,4 +74,5 @@ class RankingLearner:
 
 @register_learner("ranking")
 def ranking_learner(cfg: PreferConfig, frames: bool) -> RankingLearner:
-    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size, cfg.render_camera)
+    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size, cfg.render_camera,
+                          cfg.render_supersample)

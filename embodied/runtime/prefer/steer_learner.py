@@ -36,7 +36,7 @@ class SteerLearner:
         self.cfg, self.frames = cfg, frames
         self.policy = load_for_eval(cfg.checkpoint, "cpu")
         check_trained_task(self.policy, cfg.task, cfg.checkpoint)  # before any label is asked for
-        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera,
+        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera, cfg.render_supersample,
                              **policy_env_kwargs(self.policy, [cfg.task]))
         self.task_arg = cfg.task if self.policy.unwrapped.config.text_encoder == "onehot" else None
         self.next_seed, self.env_steps = cfg.seed, 0
