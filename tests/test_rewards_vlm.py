@@ -412,17 +412,27 @@ def test_split_clauses_keeps_each_conjunction_with_its_clause():
 def test_clause_text_tells_the_goal_from_the_object_to_avoid():
     from rewards.vlm.text import ClauseText, MiniLMText
 
-    whole, clauses = MiniLMText(), ClauseText(MiniLMText())
+    whole, clauses, first = MiniLMText(), ClauseText(MiniLMText()), ClauseText(MiniLMText(), "clause")
     goal = "get close to the blue ball but not to the red ball"
     swapped = "get close to the red ball but not to the blue ball"
-    w, c = whole.encode([goal, swapped]), clauses.encode([goal, swapped])
+    w, c, f = whole.encode([goal, swapped]), clauses.encode([goal, swapped]), first.encode([goal, swapped])
     assert float(w[0] @ w[1]) > 0.99  # the sentence embedding hardly sees which ball is which
-    assert float(c[0] @ c[1]) < 0.9
-    one = clauses.encode(["go to the red ball"])
-    assert clauses.dim == 2 * whole.dim and one.shape == (1, clauses.dim)
-    assert torch.allclose(one.norm(dim=-1), torch.ones(1)) and float(one[0, whole.dim:].abs().max()) == 0.0
-    # the first half of a one-clause instruction is the sentence embedding itself
-    assert torch.allclose(one[0, :whole.dim], whole.encode(["go to the red ball"])[0], atol=1e-6)
+    assert float(c[0] @ c[1]) < 0.95 and float(f[0] @ f[1]) < 0.9
+    # head "sentence": the first half is the whole instruction's embedding; "clause": its first clause
+    assert torch.allclose(c[0, :whole.dim] * c[0, :whole.dim].norm().reciprocal(), w[0], atol=1e-5)
+    head = whole.encode(["get close to the blue ball"])[0]
+    assert torch.allclose(f[0, :whole.dim] * f[0, :whole.dim].norm().reciprocal(), head, atol=1e-5)
+    # both share the second half: the later clauses
+    assert torch.allclose(c[0, whole.dim:] / c[0, whole.dim:].norm(), f[0, whole.dim:] / f[0, whole.dim:].norm(),
+                          atol=1e-5)
+    for text in (clauses, first):
+        one = text.encode(["go to the red ball"])
+        assert text.dim == 2 * whole.dim and one.shape == (1, text.dim)
+        assert torch.allclose(one.norm(dim=-1), torch.ones(1)) and float(one[0, whole.dim:].abs().max()) == 0.0
+        # the first half of a one-clause instruction is the sentence embedding itself
+        assert torch.allclose(one[0, :whole.dim], whole.encode(["go to the red ball"])[0], atol=1e-6)
+    with pytest.raises(ValueError, match="head must be one of \\['sentence', 'clause'\\], got 'first'"):
+        ClauseText(MiniLMText(), "first")
 
 
 def test_clause_text_fit_round_trips_through_its_checkpoint(tmp_path):
@@ -434,11 +444,21 @@ def test_clause_text_fit_round_trips_through_its_checkpoint(tmp_path):
     run_fit(RewardFitConfig(suite="navigation", tasks=["approach-avoid"], bank=BankConfig(seeds=1, behaviours=["expert"]),
                             text_clauses=True, fit=FitSettings(steps=1, batch_size=4), progress=False), tmp_path)
     reward = load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "reward")))
-    assert reward.describe()["text"] == {"name": "minilm", "dim": 768, "clauses": True, "centered": True}
+    assert reward.describe()["text"] == {"name": "minilm", "dim": 768, "clauses": True, "clause_head": "sentence",
+                                         "centered": True}
     frames, instruction = frames_of("approach-avoid", n=2)
     goal = reward(frames, None, instruction).reward
     assert np.all(np.isfinite(goal)) and goal.shape == (len(frames),)
     assert reward.text.encode([instruction]).shape == (1, 768)
+    # a checkpoint from before clause_head read its first clause as the head, and still does
+    meta = json.loads((tmp_path / "reward" / "reward.json").read_text())
+    assert meta["clause_head"] == "sentence"
+    del meta["clause_head"]
+    (tmp_path / "reward" / "reward.json").write_text(json.dumps(meta))
+    older = load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "reward")))
+    assert older.describe()["text"]["clause_head"] == "clause"
+    with pytest.raises(ValueError, match="clause_head must be 'sentence' or 'clause', got 'all'"):
+        RewardFitConfig(text_clauses=True, clause_head="all")
 
 
 # -------------------------------------------------------------------------------- math
@@ -539,9 +559,10 @@ def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, towe
     assert slow.encoder() == (slow.model.encode_image, False)
     if tower == "resnet":  # BatchNorm folded away: no batch_norm op is left in the frozen graph
         assert "batch_norm" not in str(encode.graph)
-    # a real fitted checkpoint, loaded as the commands load it
-    ckpt = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted)))
-    eager = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), optimize=False))
+    # a real fitted checkpoint, loaded as the commands load it (unstandardised: two fitting steps leave
+    # its rewards nearly flat, and a z-score would magnify float rounding)
+    ckpt = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), standardize=False))
+    eager = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), optimize=False, standardize=False))
     assert np.allclose(ckpt(frames, None, instruction).reward, eager(frames, None, instruction).reward, atol=1e-5)
     assert ckpt.encoder()[1] and not eager.encoder()[1]
     import pickle
@@ -697,6 +718,136 @@ def test_wrapper_reads_the_camera_the_reward_was_fitted_on(tiny_reward):
     other.reset(seed=0)
     with pytest.raises(RewardInputError, match="reads the 'side' camera's images.*it has \\['top'\\]"):
         other.step(np.zeros(4, np.float32))
+
+
+def test_supersampled_frames_are_the_block_means_of_a_larger_drawing():
+    big = embodied.make_env("push", obs_mode="state+pixels", cameras=["side"], image_size=96, render_mode="rgb_array",
+                            render_size=48)
+    small = embodied.make_env("push", obs_mode="state+pixels", cameras=["side"], image_size=32, render_mode="rgb_array",
+                              render_size=16, supersample=3)
+    for env in (big, small):
+        env.reset(seed=4)
+        env.step(np.full(4, 0.5, np.float32))
+    for b, s, side in ((big.unwrapped._render("side", 96), small.unwrapped._render("side", 32), 32),
+                       (big.render(), small.render(), 16)):
+        expect = np.round(b.reshape(side, 3, side, 3, 3).astype(np.float64).mean((1, 3)) + 1e-9).astype(np.uint8)
+        assert s.shape == (side, side, 3) and s.dtype == np.uint8
+        assert np.abs(s.astype(int) - expect.astype(int)).max() <= 1  # rounding of the mean
+    # an edge inside a pixel leaves a blend: more distinct colours than the plain drawing has
+    plain = embodied.make_env("push", obs_mode="state+pixels", cameras=["side"], image_size=32)
+    obs, _ = plain.reset(seed=4)
+    aa, _ = small.reset(seed=4)
+    assert len(np.unique(aa["image"].reshape(-1, 3), axis=0)) > len(np.unique(obs["image"].reshape(-1, 3), axis=0))
+    for env in (big, small, plain):
+        env.close()
+
+
+def test_wrappers_refuse_an_env_drawn_with_another_supersample(tiny_reward):
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from rewards.wrappers import RewardInputs, RewardWrapper, VecRewardWrapper, frame_env_kwargs
+
+    aa = ClipReward(tiny_reward.model, tiny_reward.text, tiny_reward.preprocess, image_size=64, camera="side",
+                    supersample=2)
+    assert frame_env_kwargs("side", 64, 2)["supersample"] == 2 and "supersample" not in frame_env_kwargs("side", 64)
+    env = embodied.make_env("pick", **frame_env_kwargs("side", 64, 2))
+    wrapped = RewardWrapper(env, aa)
+    wrapped.reset(seed=0)
+    obs, r, *_ = wrapped.step(np.zeros(4, np.float32))
+    assert r == pytest.approx(aa(obs["image"][None], None, obs["instruction"]).reward[0], abs=1e-5)
+    env.close()
+    with pytest.raises(RewardInputError, match="drawn with supersample=2, but the env draws them with supersample=1"):
+        RewardWrapper(embodied.make_env("pick", **frame_env_kwargs("side", 64)), aa)
+
+    def make():
+        return gym.wrappers.FilterObservation(
+            RewardInputs(embodied.make_env("pick", **frame_env_kwargs("side", 64)), camera="side"), ["state"])
+
+    with pytest.raises(RewardInputError, match="make the env with supersample=2"):
+        VecRewardWrapper(DummyVecEnv([make]), aa)
+
+
+def test_supersample_fit_round_trips_and_banks_keep_apart(tmp_path):
+    from embodied.runtime.reward import BankConfig, RewardFitConfig, bank_for, run_fit
+    from rewards.vlm.fit import FitSettings
+
+    with pytest.raises(ValueError, match="supersample must be in \\[1, 4\\]"):
+        RewardFitConfig(supersample=0)
+    bank = BankConfig(seeds=1, behaviours=["expert"])
+    run_fit(RewardFitConfig(suite="manipulation", tasks=["reach"], bank=bank, camera="side", supersample=2,
+                            save_bank=str(tmp_path / "bank"), fit=FitSettings(steps=1, batch_size=4), progress=False),
+            tmp_path)
+    reward = load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "reward")))
+    assert reward.supersample == 2 and reward.describe()["supersample"] == 2
+    with pytest.raises(ValueError, match="was fitted on frames drawn with supersample=2"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "reward"), supersample=1))
+    # the saved bank's frames are the anti-aliased ones, and it is refused for plain frames
+    saved = bank_for(["reach"], bank, 64, "side", str(tmp_path / "bank"), "", False, 2)
+    env = embodied.make_env("reach", obs_mode="state+pixels", cameras=["side"], image_size=64, supersample=2)
+    env.reset(seed=saved.episodes[0]["seed"])
+    for _ in range(int(saved.step[0])):  # the expert's first frame
+        obs, *_ = env.step(env.unwrapped.expert_action())
+    env.close()
+    assert saved.meta["supersample"] == 2 and np.array_equal(saved.frames[0], obs["image"])
+    with pytest.raises(ValueError, match="played with other settings .*'supersample': \\(2, 1\\)"):
+        bank_for(["reach"], bank, 64, "side", str(tmp_path / "bank"), "", False, 1)
+
+
+def test_reward_is_a_z_score_per_instruction_against_its_reference_frames(tiny_reward):
+    ref_frames = np.concatenate([frames_of(t, n=6, seed=s)[0] for s, t in enumerate(("pick", "push", "reach"))])
+    ref = tiny_reward.embed_images(ref_frames)
+    reward = ClipReward(tiny_reward.model, tiny_reward.text, tiny_reward.preprocess, image_size=64, reference=ref,
+                        baselines=["a robot"])
+    plain = reward.with_options(standardize=False)
+    assert reward.standardized and not plain.standardized
+    assert reward.reward_range == (-np.inf, np.inf) and plain.reward_range == (-1.0, 1.0)
+    frames, instruction = frames_of("press-button", n=4)
+    other = "push the button"
+    for ins in (instruction, other):
+        raw = plain(frames, None, ins).reward.astype(np.float64)
+        on_ref = plain.score_embeddings(ref, ins).reward.astype(np.float64)
+        mean, sd = on_ref.mean(), on_ref.std(ddof=1)
+        assert sd > 1e-3  # a real spread, not the floor
+        z = reward(frames, None, ins)
+        assert np.allclose(z.reward, (raw - mean) / sd, atol=1e-3)
+        assert np.allclose(z.terms["similarity"], plain(frames, None, ins).terms["similarity"], atol=1e-6)
+        lo, hi = reward.bounds(ins)
+        assert lo == pytest.approx((-1 - mean) / sd, rel=1e-4) and np.all((z.reward >= lo) & (z.reward <= hi))
+        zr = reward.score_embeddings(ref, ins).reward  # over the reference frames: mean 0, sd 1
+        assert abs(zr.mean()) < 1e-3 and zr.std(ddof=1) == pytest.approx(1.0, abs=1e-3)
+    # a mixed batch is standardised row by row; a variant (alpha) gets its own statistics
+    mixed = reward(frames, None, [instruction, other, instruction, other]).reward
+    assert np.allclose(mixed[::2], reward(frames, None, instruction).reward[::2], atol=1e-5)
+    assert np.allclose(mixed[1::2], reward(frames, None, other).reward[1::2], atol=1e-5)
+    variant = reward.with_options(alpha=0.5)
+    assert variant.standardized and abs(variant.score_embeddings(ref, other).reward.mean()) < 1e-3
+    with pytest.raises(ValueError, match="reference must be image embeddings"):
+        ClipReward(tiny_reward.model, tiny_reward.text, tiny_reward.preprocess, reference=ref[:1])
+
+
+def test_fitted_checkpoint_keeps_its_reference_frames(fitted, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from rewards.vlm.towers import REFERENCE_FILE, read_reference
+
+    reward = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted)))
+    ref = read_reference(fitted, reward.text.dim)
+    assert reward.standardized and torch.equal(reward.reference, ref)
+    assert json.loads((fitted / "reward.json").read_text())["reference_frames"] == len(ref) >= 2
+    assert not load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), standardize=False)).standardized
+    bad = tmp_path / "bad"
+    shutil.copytree(fitted, bad)
+    save_file({"embeddings": torch.zeros(4, 7)}, str(bad / REFERENCE_FILE))
+    with pytest.raises(RewardCheckpointError, match="not \\(N >= 2, 384\\): it belongs to another checkpoint"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(bad)))
+    (bad / REFERENCE_FILE).write_bytes(b"not safetensors")
+    with pytest.raises(RewardCheckpointError, match="is not a reference file written by `embodied reward fit`"):
+        load_clip_reward(ClipRewardConfig(checkpoint=str(bad)))
+    (bad / REFERENCE_FILE).unlink()  # an older checkpoint: scored unstandardised
+    assert not load_clip_reward(ClipRewardConfig(checkpoint=str(bad))).standardized
 
 
 def test_sb3_batch_path_scores_each_step_on_its_own_frame(tiny_reward):

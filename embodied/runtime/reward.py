@@ -177,9 +177,10 @@ def play_bank_episode(env: Any, seed: int, behaviour: str, expert_len: int, cfg:
 
 
 def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progress: bool = True,
-                 camera: str | None = None) -> RolloutBank:
+                 camera: str | None = None, supersample: int = 1) -> RolloutBank:
     """Play ``cfg.seeds`` seeds of every task with every behaviour; see ``RolloutBank``.
-    Frames are ``camera``'s observation images, or ``env.render()`` when it is None."""
+    Frames are ``camera``'s observation images, or ``env.render()`` when it is None, drawn with
+    ``make_env``'s ``supersample``."""
     from tqdm import tqdm
 
     arrays: dict[str, list[np.ndarray]] = {k: [] for k in BANK_ARRAYS}
@@ -187,7 +188,7 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
     bar = tqdm(total=len(tasks) * cfg.seeds, desc="rollout bank", disable=not progress, unit="seed")
     t0 = time.perf_counter()
     for i, task in enumerate(tasks):
-        env = make_env(task, instruction_split=cfg.split, **frame_env_kwargs(camera, image_size))
+        env = make_env(task, instruction_split=cfg.split, **frame_env_kwargs(camera, image_size, supersample))
         try:
             for k in range(cfg.seeds):
                 seed = cfg.seed + k * len(tasks) + i
@@ -211,23 +212,24 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
     bar.close()
     cat = {k: np.concatenate(v) for k, v in arrays.items()}
     meta = {"tasks": list(tasks), "suites": sorted({get_task(t).suite for t in tasks}), "image_size": image_size,
-            "camera": camera, "bank": asdict(cfg), "wall_time_s": time.perf_counter() - t0}
+            "camera": camera, "supersample": supersample, "bank": asdict(cfg), "wall_time_s": time.perf_counter() - t0}
     log.info("rollout bank: %d episodes, %d frames (%.0f s)", len(episodes), len(cat["step"]), meta["wall_time_s"])
     return RolloutBank(**cat, episodes=episodes, meta=meta)
 
 
 def bank_for(tasks: Sequence[str], cfg: BankConfig, image_size: int, camera: str | None, path: str, save: str,
-             progress: bool) -> RolloutBank:
+             progress: bool, supersample: int = 1) -> RolloutBank:
     """A saved bank (``path``) after checking it matches ``cfg``, else a freshly played one."""
     if path:
         bank = RolloutBank.load(path)
-        want = {"tasks": list(tasks), "image_size": image_size, "camera": camera, "bank": asdict(cfg)}
-        have = {k: bank.meta.get(k) for k in want}
+        want = {"tasks": list(tasks), "image_size": image_size, "camera": camera, "supersample": supersample,
+                "bank": asdict(cfg)}
+        have = {k: bank.meta.get(k, 1 if k == "supersample" else None) for k in want}  # (older banks: none)
         if have != want:
             diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
             raise ValueError(f"rollout bank {path!r} was played with other settings (have, want): {diff}")
         return bank
-    bank = collect_bank(tasks, cfg, image_size, progress, camera)
+    bank = collect_bank(tasks, cfg, image_size, progress, camera, supersample)
     if save:
         bank.save(save)
         log.info("saved the rollout bank to %s", save)
@@ -254,6 +256,9 @@ class RewardFitConfig:
     # the camera whose observation images the reward reads ("": env.render(), the render camera);
     # `embodied reward fit` takes a suite's choice from configs/reward_fit_suite/<suite>.yaml
     camera: str = ""
+    # anti-aliasing of the frames (make_env's supersample: drawn at k times image_size, each k x k
+    # block averaged); stored in the checkpoint, and every env the reward reads must draw the same
+    supersample: int = 1
     # open_clip architecture: a built-in name plus overrides of its config. The default is CLIP's
     # ResNet (open_clip's ModifiedResNet, as in RN50) shrunk for CPU speed: one bottleneck block
     # per stage, width 8, attention pooling, at 64x64. On these frames it learnt faster than a
@@ -263,10 +268,13 @@ class RewardFitConfig:
                                                             "head_width": 8})
     center_text: bool = True  # remove the mean embedding of the training wordings (rewards.vlm.text.CenteredText)
     text: str = "auto"  # minilm (frozen all-MiniLM-L6-v2) | open_clip (the init checkpoint's own tower) | auto
-    # read instructions clause by clause (rewards.vlm.text.ClauseText: the goal's clause, then the
-    # rest; twice the embedding width), so that which named object is the goal and which the one to
-    # avoid survives the sentence encoder. MiniLM text side only
+    # read instructions clause by clause (rewards.vlm.text.ClauseText: the whole instruction, then its
+    # later clauses; twice the embedding width), so that which named object is the goal and which the
+    # one to avoid survives the sentence encoder. MiniLM text side only
     text_clauses: bool = False
+    # with text_clauses, the first half: "sentence" (the whole instruction) or "clause" (its first
+    # clause only, as checkpoints before this option)
+    clause_head: str = "sentence"
     init: str = ""  # a local open_clip weights file of `arch` to fine-tune instead of starting from scratch
     # with init: entries of the arch's open_clip config to replace (e.g. {vision_cfg: {image_size: 64}})
     init_overrides: dict[str, Any] = field(default_factory=dict)
@@ -283,6 +291,9 @@ class RewardFitConfig:
     # tower learns which goal a frame satisfies, not only how far along its own episode is.
     # Suites without a hindsight labeller refuse it
     hindsight: bool = False
+    # frames of the fitting bank (drawn at random) whose image embeddings the checkpoint keeps, so
+    # that the reward is a z-score per instruction against them (rewards.vlm.model); 0: none
+    reference_frames: int = 2048
     out: str = ""  # checkpoint folder (default: RUN/reward)
     bank_path: str = ""  # reuse a saved bank (must match `bank`)
     save_bank: str = ""  # save the bank here
@@ -297,6 +308,8 @@ class RewardFitConfig:
             raise ValueError(f"text must be 'auto', 'minilm' or 'open_clip', got {self.text!r}")
         if self.text == "open_clip" and not self.init:
             raise ValueError("text=open_clip locks the text tower of a checkpoint: give init=PATH (open_clip weights)")
+        if self.clause_head not in ("sentence", "clause"):
+            raise ValueError(f"clause_head must be 'sentence' or 'clause', got {self.clause_head!r}")
         if self.text_clauses and self.init:  # (text=open_clip needs init, refused above without it)
             raise ValueError("text_clauses=true reads instructions with the MiniLM text side, whose width it doubles; "
                              "a fine-tuned checkpoint (init=PATH) keeps its own text tower and width: drop one of them")
@@ -305,6 +318,10 @@ class RewardFitConfig:
                              "text=auto or text=open_clip")
         if not 8 <= self.image_size <= 512:
             raise ValueError(f"image_size must be in [8, 512], got {self.image_size}")
+        if not 1 <= self.supersample <= 4:
+            raise ValueError(f"supersample must be in [1, 4] (1: none), got {self.supersample}")
+        if self.reference_frames < 0 or self.reference_frames == 1:
+            raise ValueError(f"reference_frames must be 0 (none) or >= 2, got {self.reference_frames}")
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.label_progress not in LABEL_PROGRESS:
@@ -430,10 +447,10 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     import torch
 
     from rewards.vlm.fit import fit_image_tower
-    from rewards.vlm.model import ImagePreprocess
+    from rewards.vlm.model import ClipReward, ImagePreprocess
     from rewards.vlm.text import MINILM_DIM, CenteredText, ClauseText, MiniLMText, OpenClipText
     from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, PLACEHOLDER_TEXT, build_open_clip, image_size_of,
-                                    load_open_clip, save_reward_checkpoint)
+                                    load_open_clip, save_reference, save_reward_checkpoint)
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.fit.seed)
@@ -455,10 +472,11 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
         model, text_name = build_open_clip(cfg.arch, overrides), "minilm"
     text = MiniLMText() if text_name == "minilm" else OpenClipText(model, cfg.arch)
     if cfg.text_clauses:
-        text = ClauseText(text)
+        text = ClauseText(text, cfg.clause_head)
     size = image_size_of(model)
     pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
-    bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress)
+    bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress,
+                    cfg.supersample)
     data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks}, cfg.label_progress, labeller)
     center = None
     if cfg.center_text:
@@ -469,9 +487,10 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     folder = Path(cfg.out) if cfg.out else out / "reward"
     meta = {"suite": suite, "tasks": tasks, "arch": cfg.arch, "overrides": overrides, "text": text.describe(),
             "image_size": cfg.image_size, "tower_image_size": size, "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD),
-            "camera": cfg.camera or None,
+            "camera": cfg.camera or None, "supersample": cfg.supersample,
             "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
-            "text_clauses": cfg.text_clauses,
+            "text_clauses": cfg.text_clauses, "clause_head": cfg.clause_head if cfg.text_clauses else None,
+            "reference_frames": 0,
             "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
                        "label_progress": cfg.label_progress, "hindsight": cfg.hindsight,
@@ -479,7 +498,14 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
                        "wordings": record["wordings"],
                        # every training wording, filled with the episodes' parameters (the goals it was fitted on)
                        "train_wordings": sorted({w for g in data.groups for w in g})}}
+    if cfg.reference_frames:
+        pick = np.sort(np.random.default_rng(settings.seed).choice(
+            len(bank.frames), min(cfg.reference_frames, len(bank.frames)), replace=False))
+        reference = ClipReward(model, text, pre, optimize=False).embed_images(bank.frames[pick])
+        meta["reference_frames"] = len(pick)
     save_reward_checkpoint(folder, model, meta)
+    if cfg.reference_frames:
+        save_reference(folder, reference)
     metrics = {"suite": suite, "tasks": tasks, "checkpoint": str(folder), "frames": int(len(bank.step)),
                "episodes": len(bank.episodes), "bank_time_s": bank.meta.get("wall_time_s"),
                "train_time_s": record["train_time_s"], "final_loss": record["history"][-1]["loss"],
@@ -693,7 +719,8 @@ def run_reward_eval(cfg: RewardEvalConfig, out: Path, model: RewardModel | None 
                              f"[{lo}, {hi}): choose bank.seed >= {hi}")
     size = model.image_size or cfg.image_size
     t0 = time.perf_counter()
-    bank = bank_for(tasks, cfg.bank, size, model.camera, cfg.bank_path, cfg.save_bank, cfg.progress)
+    bank = bank_for(tasks, cfg.bank, size, model.camera, cfg.bank_path, cfg.save_bank, cfg.progress,
+                    int(getattr(model, "supersample", 1) or 1))
     t1 = time.perf_counter()
     metrics, curves = evaluate_reward(model, bank, tasks, cfg.alphas, cfg.wordings, cfg.gamma, cfg.epic_pool)
     describe = getattr(model, "describe", None)
@@ -731,7 +758,8 @@ class RewardBenchConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-def _sb3_envs(task: str, n: int, size: int, seed: int, states: bool, camera: str | None) -> Any:
+def _sb3_envs(task: str, n: int, size: int, seed: int, states: bool, camera: str | None,
+              supersample: int = 1) -> Any:
     """An SB3 DummyVecEnv of ``n`` copies of ``task`` whose steps carry frames in ``info``."""
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv
@@ -740,7 +768,7 @@ def _sb3_envs(task: str, n: int, size: int, seed: int, states: bool, camera: str
 
     def make(k: int) -> Callable[[], Any]:
         def thunk() -> Any:
-            env = make_env(task, **frame_env_kwargs(camera, size))
+            env = make_env(task, **frame_env_kwargs(camera, size, supersample))
             return gym.wrappers.FilterObservation(RewardInputs(env, states=states, camera=camera), ["state"])
         return thunk
 
@@ -763,7 +791,8 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
     model.check_suite(get_task(task).suite)
     size = model.image_size or cfg.image_size
     states_needed = "states" in model.inputs
-    venv = _sb3_envs(task, cfg.num_envs, size, cfg.seed, states_needed, model.camera)
+    supersample = int(getattr(model, "supersample", 1) or 1)
+    venv = _sb3_envs(task, cfg.num_envs, size, cfg.seed, states_needed, model.camera, supersample)
     rng = np.random.default_rng(cfg.seed)
     shape = (cfg.num_envs,) + venv.action_space.shape
     venv.reset()
@@ -806,7 +835,7 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
                        "step_render_reward_frames_per_s": both, "end_to_end_fraction": both / render})
     venv.close()
     med = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
-    metrics = {"task": task, "image_size": size, "threads": cfg.threads, "num_envs": cfg.num_envs,
+    metrics = {"task": task, "image_size": size, "supersample": supersample, "threads": cfg.threads, "num_envs": cfg.num_envs,
                "batch_size": batch, **med, "rounds": rounds, "reward": getattr(model, "describe", lambda: None)()}
     write_json(out / "metrics.json", metrics)
     log.info("%s at %dx%d, %d torch thread(s): reward scoring %.0f frames/s (embedding + similarity); SB3 loop of "

@@ -14,6 +14,13 @@ goal) and b the unit mean embedding of the baseline prompts:
   the frame, for a model fitted in-domain (it learnt s and c); absent otherwise.
 
 ``reward = goal - negative_weight * negative``, in [-1 - w, 1 + w] (w = 0 without negatives).
+With ``reference`` image embeddings (a fitted checkpoint keeps those of frames of its fitting
+bank) and ``standardize``, the reward is that value as a z-score per instruction: minus its mean
+over the reference frames, over its standard deviation there. Each wording then has the same
+scale and zero point, so frames scored with different wordings (or different goals) compare;
+within one instruction the order of frames is unchanged. The range is then unbounded
+(``reward_range`` = (-inf, inf)); ``bounds(instruction)`` gives the finite range of one
+instruction, ((-1 - w - mean) / sd, (1 + w - mean) / sd).
 Smoothing over the last k frames is a property of a stream of frames, not of one batch:
 ``smoothing`` is read by the wrappers and the evaluation (``causal_mean``).
 
@@ -146,11 +153,13 @@ class ClipReward(RewardModel):
         negative_weight: weight of the ``negative`` term.
         smoothing: frames averaged by the wrappers and the evaluation (1: none).
         batch_size: frames per forward pass of the image tower.
-        suite, image_size, camera: what the model was fitted for (see ``RewardModel``).
+        suite, image_size, camera, supersample: what the model was fitted for (see ``RewardModel``).
         calibration: (s, c) of the ``holds`` term, for a model fitted in-domain.
         meta: the checkpoint's record (``describe`` returns it).
         optimize: embed frames with the traced and frozen image tower (``inference_encoder``,
             built on first use from the model's weights at that time); False: the eager tower.
+        reference: unit image embeddings (N, D) of reference frames (see the module docstring).
+        standardize: z-score each instruction's reward against ``reference`` (when given).
     """
 
     inputs = frozenset({"frames"})
@@ -158,9 +167,10 @@ class ClipReward(RewardModel):
     def __init__(self, model: torch.nn.Module, text: Any, preprocess: ImagePreprocess, *, alpha: float = 0.0,
                  baselines: Sequence[str] = (), negatives: Sequence[str] = (), negative_weight: float = 1.0,
                  smoothing: int = 1, batch_size: int = 64, suite: str | None = None,
-                 image_size: int | None = None, camera: str | None = None,
+                 image_size: int | None = None, camera: str | None = None, supersample: int = 1,
                  calibration: tuple[float, float] | None = None, meta: dict[str, Any] | None = None,
-                 cache_text: bool = True, optimize: bool = True):
+                 cache_text: bool = True, optimize: bool = True, reference: torch.Tensor | None = None,
+                 standardize: bool = True):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if alpha > 0 and not baselines:
@@ -177,23 +187,36 @@ class ClipReward(RewardModel):
         self.alpha, self.baselines, self.negatives = float(alpha), list(baselines), list(negatives)
         self.negative_weight, self.smoothing, self.batch_size = float(negative_weight), int(smoothing), int(batch_size)
         self.suite, self.image_size, self.camera, self.calibration = suite, image_size, camera or None, calibration
+        self.supersample = int(supersample)
         self.meta = dict(meta or {})
         self.cache_text, self.optimize = cache_text, bool(optimize)
         self._text_cache: dict[str, torch.Tensor] = {}
         self._encoders: dict[bool, tuple[Callable, bool]] = {}  # optimize -> inference_encoder's answer
+        if reference is not None and (reference.ndim != 2 or len(reference) < 2):
+            raise ValueError(f"reference must be image embeddings (N >= 2, D), got shape {tuple(reference.shape)}")
+        self.reference, self.standardize = reference, bool(standardize)
+        self._ref_stats: dict[str, tuple[float, float]] = {}  # instruction -> (mean, sd) over the reference
         w = self.negative_weight if self.negatives else 0.0
-        self.reward_range = (-1.0 - w, 1.0 + w)
+        self._raw_range = (-1.0 - w, 1.0 + w)
+        self.reward_range = (-np.inf, np.inf) if self.standardized else self._raw_range
+
+    @property
+    def standardized(self) -> bool:
+        """Whether rewards are z-scored per instruction (``standardize`` with a ``reference``)."""
+        return self.standardize and self.reference is not None
 
     def with_options(self, **changes: Any) -> "ClipReward":
         """A copy with other scoring options (alpha, baselines, negatives, ...), sharing the
         towers and the text cache."""
-        names = ("alpha", "baselines", "negatives", "negative_weight", "smoothing", "batch_size", "optimize")
+        names = ("alpha", "baselines", "negatives", "negative_weight", "smoothing", "batch_size", "optimize",
+                 "standardize")
         bad = sorted(set(changes) - set(names))
         if bad:
             raise ValueError(f"with_options: unknown option(s) {bad}; allowed: {list(names)}")
         kw = {n: changes.get(n, getattr(self, n)) for n in names}
         other = ClipReward(self.model, self.text, self.preprocess, suite=self.suite, image_size=self.image_size,
-                           camera=self.camera, calibration=self.calibration, meta=self.meta,
+                           camera=self.camera, supersample=self.supersample, calibration=self.calibration,
+                           meta=self.meta, reference=self.reference,
                            cache_text=self.cache_text, **kw)
         other._text_cache, other._encoders = self._text_cache, self._encoders
         return other
@@ -235,8 +258,34 @@ class ClipReward(RewardModel):
     # ------------------------------------------------------------------ reward
     def score_embeddings(self, x: torch.Tensor, instruction: str | Sequence[str]) -> RewardOutput:
         """The reward of unit image embeddings x (B, D) (see the module docstring)."""
+        texts = [instruction] * x.shape[0] if isinstance(instruction, str) else list(instruction)
+        reward, terms = self._score(x, texts)
+        if self.standardized:
+            stats = torch.tensor([self.reference_stats(t) for t in texts], dtype=reward.dtype).reshape(-1, 2)
+            reward = (reward - stats[:, 0]) / stats[:, 1]
+        return RewardOutput(reward.numpy().astype(np.float32),
+                            {k: v.numpy().astype(np.float32) for k, v in terms.items()})
+
+    def reference_stats(self, instruction: str) -> tuple[float, float]:
+        """(mean, sd) of the unstandardised reward of ``instruction`` over the reference frames."""
+        if self.reference is None:
+            raise ValueError("this reward has no reference frames to standardise against")
+        if instruction not in self._ref_stats:
+            r = self._score(self.reference, [instruction] * len(self.reference))[0].double()
+            self._ref_stats[instruction] = (float(r.mean()), max(float(r.std()), 1e-4))
+        return self._ref_stats[instruction]
+
+    def bounds(self, instruction: str) -> tuple[float, float]:
+        """The finite (low, high) range of ``instruction``'s reward (see the module docstring)."""
+        lo, hi = self._raw_range
+        if not self.standardized:
+            return lo, hi
+        mean, sd = self.reference_stats(instruction)
+        return (lo - mean) / sd, (hi - mean) / sd
+
+    def _score(self, x: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(unstandardised reward (B,), terms) of unit image embeddings x (B, D), one text per row."""
         b = x.shape[0]
-        texts = [instruction] * b if isinstance(instruction, str) else list(instruction)
         uniq = sorted(set(texts))
         table = self.embed_texts(uniq)
         g = table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(b, -1)
@@ -258,8 +307,7 @@ class ClipReward(RewardModel):
         if self.calibration is not None:
             s, c = self.calibration
             terms["holds"] = torch.sigmoid(s * sim + c)
-        return RewardOutput(reward.numpy().astype(np.float32),
-                            {k: v.numpy().astype(np.float32) for k, v in terms.items()})
+        return reward, terms
 
     def score(self, frames: np.ndarray | None, states: np.ndarray | None,
               instruction: str | Sequence[str]) -> RewardOutput:
@@ -269,7 +317,9 @@ class ClipReward(RewardModel):
         """What the evaluation records about this reward."""
         return {"name": "clip", "alpha": self.alpha, "baselines": self.baselines, "negatives": self.negatives,
                 "negative_weight": self.negative_weight, "smoothing": self.smoothing, "suite": self.suite,
-                "image_size": self.image_size, "camera": self.camera, "text": self.text.describe(),
+                "image_size": self.image_size, "camera": self.camera, "supersample": self.supersample,
+                "standardized": self.standardized,
+                "text": self.text.describe(),
                 **{k: self.meta[k] for k in ("arch", "checkpoint", "fitted") if k in self.meta}}
 
 
@@ -288,6 +338,9 @@ class ClipRewardConfig:
     arch: str = ""
     arch_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # open_clip config entries
     camera: str = ""  # for a weights file: read this camera's observation images ("": env.render())
+    # for a weights file: anti-aliasing of the frames it reads (make_env's supersample); 0: the
+    # checkpoint's own for a fitted reward folder, 1 (none) for a weights file
+    supersample: int = 0
     alpha: float = 0.0
     baselines: list[str] = dataclasses.field(default_factory=lambda: ["a robot and the objects around it"])
     negatives: list[str] = dataclasses.field(default_factory=list)
@@ -295,6 +348,9 @@ class ClipRewardConfig:
     smoothing: int = 3  # mean over the last k frames (configs/reward/clip.yaml); 1: none
     batch_size: int = 64  # frames per forward pass (mid-sized batches run fastest on a CPU core)
     optimize: bool = True  # embed with the TorchScript-frozen image tower (same output; false: eager)
+    # z-score each instruction's reward against the checkpoint's reference frames (a fitted reward
+    # folder with reference.safetensors; others have none and are not standardised)
+    standardize: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -308,6 +364,8 @@ class ClipRewardConfig:
             raise ValueError(f"reward.batch_size must be >= 1, got {self.batch_size}")
         if self.negative_weight < 0:
             raise ValueError(f"reward.negative_weight must be >= 0, got {self.negative_weight}")
+        if not 0 <= self.supersample <= 4:
+            raise ValueError(f"reward.supersample must be in [0, 4] (0: the checkpoint's own), got {self.supersample}")
         if not str(self.checkpoint).strip():
             raise ValueError("reward.checkpoint is empty: give a reward folder from `embodied reward fit "
                              "suite=...` (the offline default), or a local open_clip weights file with "
@@ -321,28 +379,33 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
 
     from rewards.vlm.text import CenteredText, ClauseText, MiniLMText, OpenClipText
     from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, RewardCheckpointError, image_size_of,
-                                    is_reward_checkpoint, load_open_clip, read_reward_checkpoint)
+                                    is_reward_checkpoint, load_open_clip, read_reference, read_reward_checkpoint)
 
     path = Path(cfg.checkpoint)
     options = dict(alpha=cfg.alpha, baselines=cfg.baselines, negatives=cfg.negatives,
                    negative_weight=cfg.negative_weight, smoothing=cfg.smoothing, batch_size=cfg.batch_size,
-                   optimize=cfg.optimize)
+                   optimize=cfg.optimize, standardize=cfg.standardize)
     if is_reward_checkpoint(path):
         meta, model = read_reward_checkpoint(path)
         if cfg.camera and cfg.camera != (meta.get("camera") or ""):
             raise ValueError(f"reward.camera={cfg.camera!r}, but {cfg.checkpoint!r} was fitted on "
                              f"{meta.get('camera') or 'env.render()'} frames; leave reward.camera empty")
+        fitted_ss = int(meta.get("supersample", 1))
+        if cfg.supersample and cfg.supersample != fitted_ss:
+            raise ValueError(f"reward.supersample={cfg.supersample}, but {cfg.checkpoint!r} was fitted on frames drawn "
+                             f"with supersample={fitted_ss}; leave reward.supersample at 0 (the checkpoint's own)")
         text = MiniLMText() if meta["text"]["name"] == "minilm" else OpenClipText(model, meta["arch"])
         if meta.get("text_clauses"):
-            text = ClauseText(text)
+            text = ClauseText(text, meta.get("clause_head") or "clause")  # (checkpoints before clause_head: "clause")
         if meta.get("text_center") is not None:
             text = CenteredText(text, torch.tensor(meta["text_center"]))
         size = int(meta["image_size"])  # the frames it reads; the tower may take another size
         pre = ImagePreprocess(image_size_of(model), meta.get("mean", OPENAI_MEAN), meta.get("std", OPENAI_STD))
         cal = meta.get("calibration")
+        reference = read_reference(path, text.dim)
         return ClipReward(model, text, pre, suite=meta["suite"], image_size=size, camera=meta.get("camera"),
-                          calibration=(float(cal[0]), float(cal[1])) if cal else None,
-                          meta={**meta, "checkpoint": str(path)}, **options)
+                          supersample=fitted_ss, reference=reference,
+                          calibration=(float(cal[0]), float(cal[1])) if cal else None, meta={**meta, "checkpoint": str(path)}, **options)
     if path.is_dir():
         raise RewardCheckpointError(f"reward.checkpoint {cfg.checkpoint!r} is a folder without reward.json: give a "
                                     "folder written by `embodied reward fit`, or an open_clip weights file")
@@ -358,7 +421,7 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
     pre_cfg = open_clip.get_model_preprocess_cfg(model)
     pre = ImagePreprocess(image_size_of(model), pre_cfg.get("mean", OPENAI_MEAN), pre_cfg.get("std", OPENAI_STD))
     return ClipReward(model, OpenClipText(model, cfg.arch), pre, camera=cfg.camera or None,
-                      meta={"arch": cfg.arch, "checkpoint": str(path)}, **options)
+                      supersample=cfg.supersample or 1, meta={"arch": cfg.arch, "checkpoint": str(path)}, **options)
 
 
 def reward_from_settings(settings: dict[str, Any]) -> ClipReward:

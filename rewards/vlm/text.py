@@ -110,9 +110,13 @@ def split_clauses(text: str) -> list[str]:
     return [c.strip() for c in CLAUSE_BREAK.split(text) if c and c.strip()] or [text.strip()]
 
 
+CLAUSE_HEADS = ("sentence", "clause")
+
+
 class ClauseText:
-    """``normalize([inner(first clause), mean of inner(each later clause)])``, 2 x inner.dim wide
-    (the second half zero for a one-clause instruction).
+    """``normalize([inner(head), mean of inner(each later clause)])``, 2 x inner.dim wide (the
+    second half zero for a one-clause instruction). ``head`` is the whole instruction
+    (``"sentence"``, the default) or its first clause (``"clause"``).
 
     A sentence embedding pools its words, so it hardly tells which of two named objects is the
     goal and which the one to avoid: all-MiniLM-L6-v2 embeds "get close to the blue ball but not to
@@ -121,15 +125,22 @@ class ClauseText:
     The convention it assumes: the goal comes first, as in every wording of the built-in suites; an
     instruction that states a constraint before its goal ("avoid the red ball and reach the blue
     one") is read with the roles swapped. It also splits phrases that are not clauses ("between
-    the red and blue balls"), which the image tower then learns to read as one goal.
+    the red and blue balls"). With the first clause as the head such a split cuts the goal in two,
+    and a wording that names both objects without a split ("from the red landmark to the blue
+    one") puts the whole goal where training had half of it; with the whole sentence as the head
+    the first half always holds the full goal and the second only adds what comes later.
     """
 
-    def __init__(self, inner: Any):
-        self.inner = inner
+    def __init__(self, inner: Any, head: str = "sentence"):
+        if head not in CLAUSE_HEADS:
+            raise ValueError(f"head must be one of {list(CLAUSE_HEADS)}, got {head!r}")
+        self.inner, self.head = inner, head
         self.name, self.dim = inner.name, 2 * inner.dim
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         parts = [split_clauses(t) for t in texts]
+        if self.head == "sentence":
+            parts = [[t.strip()] + p[1:] for t, p in zip(texts, parts)]
         unique = sorted({c for p in parts for c in p})
         table = self.inner.encode(unique)
         row = {c: i for i, c in enumerate(unique)}
@@ -141,4 +152,4 @@ class ClauseText:
         return torch.nn.functional.normalize(out, dim=-1)
 
     def describe(self) -> dict:
-        return {**self.inner.describe(), "dim": self.dim, "clauses": True}
+        return {**self.inner.describe(), "dim": self.dim, "clauses": True, "clause_head": self.head}

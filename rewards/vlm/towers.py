@@ -13,6 +13,9 @@ A reward checkpoint is a folder:
                        size and normalisation, the fitting record (seeds, wordings, steps)
     model.safetensors  the open_clip model's weights (image tower; the text tower too when
                        the text side is open_clip's own)
+    reference.safetensors  (optional) ``embeddings`` (N, D): unit image embeddings of N frames
+                       of the fitting bank, against which each instruction's reward is
+                       standardised (``ClipReward``'s ``reference``)
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from embodied.core.errors import EmbodiedError, UnknownNameError
 
 FORMAT = "embodied-clip-reward"
 FORMAT_VERSION = 1
-CONFIG_FILE, WEIGHTS_FILE = "reward.json", "model.safetensors"
+CONFIG_FILE, WEIGHTS_FILE, REFERENCE_FILE = "reward.json", "model.safetensors", "reference.safetensors"
 # A text tower the in-domain default never runs (its text side is MiniLM): open_clip's CLIP
 # class always builds one, so it is made as small as the class allows.
 PLACEHOLDER_TEXT = {"context_length": 4, "vocab_size": 8, "width": 8, "heads": 1, "layers": 1}
@@ -137,6 +140,33 @@ def save_reward_checkpoint(folder: str | Path, model: torch.nn.Module, meta: dic
     meta = {"format": FORMAT, "version": FORMAT_VERSION, **meta}
     (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return out
+
+
+def save_reference(folder: str | Path, embeddings: torch.Tensor) -> Path:
+    """Write the reference image embeddings (N, D) of a reward checkpoint (see the module docstring)."""
+    from safetensors.torch import save_file
+
+    path = Path(folder) / REFERENCE_FILE
+    save_file({"embeddings": embeddings.detach().float().contiguous().cpu()}, str(path))
+    return path
+
+
+def read_reference(folder: str | Path, dim: int) -> torch.Tensor | None:
+    """The reference embeddings (N, ``dim``) of a reward checkpoint folder, None if it has none."""
+    from safetensors.torch import load_file
+
+    path = Path(folder) / REFERENCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        ref = load_file(str(path))["embeddings"]
+    except Exception as e:  # a truncated file, or another file under that name
+        raise RewardCheckpointError(f"{path} is not a reference file written by `embodied reward fit` "
+                                    f"({type(e).__name__}: {e}); fit again, or delete it to score unstandardised") from None
+    if ref.ndim != 2 or ref.shape[1] != dim or len(ref) < 2:
+        raise RewardCheckpointError(f"{path} holds embeddings of shape {tuple(ref.shape)}, not (N >= 2, {dim}): it "
+                                    "belongs to another checkpoint; fit again, or delete it to score unstandardised")
+    return ref
 
 
 def is_reward_checkpoint(path: str | Path) -> bool:
