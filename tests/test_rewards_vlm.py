@@ -919,9 +919,13 @@ def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
     cfg = yaml.safe_load(out)
     assert cfg["bank"]["seeds"] == 1000 and cfg["bank"]["frame_stride"] == 2 and cfg["label_progress"] == "episode"
     assert cfg["hindsight"] is False and cfg["fit"]["dihedral"] == 0.0
-    assert cfg["text_clauses"] is True  # navigation reads instructions clause by clause; the others do not
+    assert cfg["text_clauses"] is True and cfg["clause_head"] == "sentence"  # navigation reads clauses; others not
+    assert cfg["supersample"] == 1 and cfg["reference_frames"] == 2048
     other = yaml.safe_load(embodied_cli("reward", "fit", "suite=manipulation", "--cfg", "job", cwd=tmp_path).stdout)
-    assert other["text_clauses"] is False and other["bank"]["seeds"] == 100
+    assert other["text_clauses"] is False and other["bank"]["seeds"] == 300 and other["supersample"] == 2
+    assert other["camera"] == "side" and other["bank"]["frame_stride"] == 2
+    mt10 = yaml.safe_load(embodied_cli("reward", "fit", "suite=metaworld-mt10", "--cfg", "job", cwd=tmp_path).stdout)
+    assert mt10["supersample"] == 2 and mt10["bank"]["seeds"] == 20 and mt10["label_progress"] == "time"
 
 
 def test_reward_eval_scores_forty_held_out_seeds_but_mt10_ten(tmp_path):
