@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -685,12 +686,17 @@ CTRL_C_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_leaves_the_robot_in_its_safe_state():
-    import signal
+def _sigint_as_by_default() -> None:
+    """``preexec_fn`` of a child that is sent Ctrl-C: a background job of a non-interactive shell
+    ignores SIGINT and its children inherit that, so Python would install no KeyboardInterrupt
+    handler and the test would wait for an exit that never comes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
+
+def test_ctrl_c_leaves_the_robot_in_its_safe_state():
     code = CTRL_C_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_sigint_as_by_default)
     lines = []
     while len(lines) < 20:  # moving under the policy
         lines.append(proc.stdout.readline())

@@ -330,13 +330,20 @@ def test_train_passes_on_corrupt_to_the_dataset(tmp_path):
         cfg("ignore")
 
 
+def sigint_as_by_default() -> None:
+    """``preexec_fn`` of a child that is sent Ctrl-C: a background job of a non-interactive shell
+    ignores SIGINT and its children inherit that, so Python would install no KeyboardInterrupt
+    handler and the test would wait for an exit that never comes."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(args: list[str], cwd: Path, ready) -> tuple[int, str]:
     """Start ``embodied ARGS``, send Ctrl-C (SIGINT) once ``ready(output so far)`` holds; (status, output)."""
     import threading
     import time
 
     p = subprocess.Popen([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+                         stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_as_by_default)
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
     reader.start()
