@@ -61,7 +61,7 @@ def _check_weights(env_weight: float, model_weight: float, smoothing: int) -> No
 
 
 def _check_supersample(have: Any, model: RewardModel) -> None:
-    want = int(getattr(model, "supersample", 1) or 1)
+    want = model.supersample
     if "frames" in model.inputs and have is not None and int(have) != want:
         raise RewardInputError(f"{type(model).__name__} reads frames drawn with supersample={want}, but the env "
                                f"draws them with supersample={have}: make the env with supersample={want} "

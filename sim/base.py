@@ -74,9 +74,10 @@ def check_env_args(obs_mode: str, render_mode: str | None, image_size: int, max_
     if isinstance(supersample, bool) or int(supersample) != supersample or not 1 <= supersample <= MAX_SUPERSAMPLE:
         raise ValueError(f"supersample must be an integer in [1, {MAX_SUPERSAMPLE}] (1: off; k: every frame drawn "
                          f"at k times its side, each k x k block averaged), got {supersample!r}")
-    if max(int(image_size), int(render_size)) * supersample > 2048:
-        raise ValueError(f"supersample={supersample} draws frames of {max(int(image_size), int(render_size)) * supersample} "
-                         f"pixels (image_size {image_size}, render_size {render_size}); at most 2048: lower one of them")
+    drawn = max(int(image_size), int(render_size)) * supersample
+    if drawn > 2048:
+        raise ValueError(f"supersample={supersample} draws frames of {drawn} pixels (image_size {image_size}, "
+                         f"render_size {render_size}); at most 2048: lower one of them")
 
 
 def check_instructions(instructions: list[str] | tuple[str, ...] | str | None) -> tuple[str, ...] | None:

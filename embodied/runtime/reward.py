@@ -720,7 +720,7 @@ def run_reward_eval(cfg: RewardEvalConfig, out: Path, model: RewardModel | None 
     size = model.image_size or cfg.image_size
     t0 = time.perf_counter()
     bank = bank_for(tasks, cfg.bank, size, model.camera, cfg.bank_path, cfg.save_bank, cfg.progress,
-                    int(getattr(model, "supersample", 1) or 1))
+                    model.supersample)
     t1 = time.perf_counter()
     metrics, curves = evaluate_reward(model, bank, tasks, cfg.alphas, cfg.wordings, cfg.gamma, cfg.epic_pool)
     describe = getattr(model, "describe", None)
@@ -791,8 +791,7 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
     model.check_suite(get_task(task).suite)
     size = model.image_size or cfg.image_size
     states_needed = "states" in model.inputs
-    supersample = int(getattr(model, "supersample", 1) or 1)
-    venv = _sb3_envs(task, cfg.num_envs, size, cfg.seed, states_needed, model.camera, supersample)
+    venv = _sb3_envs(task, cfg.num_envs, size, cfg.seed, states_needed, model.camera, model.supersample)
     rng = np.random.default_rng(cfg.seed)
     shape = (cfg.num_envs,) + venv.action_space.shape
     venv.reset()
@@ -835,8 +834,9 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
                        "step_render_reward_frames_per_s": both, "end_to_end_fraction": both / render})
     venv.close()
     med = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
-    metrics = {"task": task, "image_size": size, "supersample": supersample, "threads": cfg.threads, "num_envs": cfg.num_envs,
-               "batch_size": batch, **med, "rounds": rounds, "reward": getattr(model, "describe", lambda: None)()}
+    metrics = {"task": task, "image_size": size, "supersample": model.supersample, "threads": cfg.threads,
+               "num_envs": cfg.num_envs, "batch_size": batch, **med, "rounds": rounds,
+               "reward": getattr(model, "describe", lambda: None)()}
     write_json(out / "metrics.json", metrics)
     log.info("%s at %dx%d, %d torch thread(s): reward scoring %.0f frames/s (embedding + similarity); SB3 loop of "
              "%d envs: step+render %.0f frames/s, with the reward %.0f frames/s = %.0f%% of step+render "

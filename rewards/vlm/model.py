@@ -405,7 +405,8 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
         reference = read_reference(path, text.dim)
         return ClipReward(model, text, pre, suite=meta["suite"], image_size=size, camera=meta.get("camera"),
                           supersample=fitted_ss, reference=reference,
-                          calibration=(float(cal[0]), float(cal[1])) if cal else None, meta={**meta, "checkpoint": str(path)}, **options)
+                          calibration=(float(cal[0]), float(cal[1])) if cal else None,
+                          meta={**meta, "checkpoint": str(path)}, **options)
     if path.is_dir():
         raise RewardCheckpointError(f"reward.checkpoint {cfg.checkpoint!r} is a folder without reward.json: give a "
                                     "folder written by `embodied reward fit`, or an open_clip weights file")

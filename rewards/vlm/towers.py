@@ -162,7 +162,8 @@ def read_reference(folder: str | Path, dim: int) -> torch.Tensor | None:
         ref = load_file(str(path))["embeddings"]
     except Exception as e:  # a truncated file, or another file under that name
         raise RewardCheckpointError(f"{path} is not a reference file written by `embodied reward fit` "
-                                    f"({type(e).__name__}: {e}); fit again, or delete it to score unstandardised") from None
+                                    f"({type(e).__name__}: {e}); fit again, or delete it to score "
+                                    "unstandardised") from None
     if ref.ndim != 2 or ref.shape[1] != dim or len(ref) < 2:
         raise RewardCheckpointError(f"{path} holds embeddings of shape {tuple(ref.shape)}, not (N >= 2, {dim}): it "
                                     "belongs to another checkpoint; fit again, or delete it to score unstandardised")

@@ -79,7 +79,7 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     vlm = load_vlm(cfg) if cfg.teacher == "vlm" else None
     if vlm is not None:  # record the frames the VLM reads: its camera, its side
         cfg = replace(cfg, render_size=vlm.image_size or cfg.render_size, render_camera=vlm.camera or cfg.render_camera,
-                      render_supersample=int(getattr(vlm, "supersample", 1) or 1))
+                      render_supersample=vlm.supersample)
     frames = cfg.needs_frames
     learner = LEARNERS[cfg.learner](cfg, frames)
     if hasattr(learner, "out"):
