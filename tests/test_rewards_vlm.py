@@ -925,7 +925,8 @@ def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
     assert other["text_clauses"] is False and other["bank"]["seeds"] == 300 and other["supersample"] == 2
     assert other["camera"] == "side" and other["bank"]["frame_stride"] == 2
     mt10 = yaml.safe_load(embodied_cli("reward", "fit", "suite=metaworld-mt10", "--cfg", "job", cwd=tmp_path).stdout)
-    assert mt10["supersample"] == 2 and mt10["bank"]["seeds"] == 20 and mt10["label_progress"] == "time"
+    assert mt10["supersample"] == 2 and mt10["bank"]["seeds"] == 40 and mt10["label_progress"] == "time"
+    assert mt10["fit"]["steps"] == 12000 and other["fit"]["steps"] == cfg["fit"]["steps"] == 6000  # MT10 trains longer
 
 
 def test_reward_eval_scores_forty_held_out_seeds_but_mt10_ten(tmp_path):
