@@ -292,6 +292,49 @@ def test_synthetic_wordings_and_turned_frames_change_the_fit_only_when_asked():
         FitSettings(synthetic_wordings=1.5)
 
 
+def test_weight_average_follows_the_trained_weights_with_its_decay():
+    from rewards.vlm.fit import CaptionedFrames, FitSettings, WeightAverage, fit_image_tower
+    from rewards.vlm.text import MiniLMText
+
+    # the average itself: m <- d m + (1 - d) w after each step, written back on request
+    w = torch.zeros(3)
+    steps = torch.zeros((), dtype=torch.long)
+    avg = WeightAverage([w, steps], 0.5)
+    for value in (2.0, 4.0):
+        w.fill_(value)
+        steps += 1
+        avg.update()
+    avg.copy_to_live()
+    assert torch.allclose(w, torch.full((3,), 0.5 * (0.5 * 0 + 0.5 * 2.0) + 0.5 * 4.0))  # 2.5
+    assert int(steps) == 2  # counters are left as trained
+    with pytest.raises(ValueError, match="decay"):
+        WeightAverage([w], 1.0)
+    with pytest.raises(ValueError, match=r"ema must be in \[0, 1\)"):
+        FitSettings(ema=1.0)
+
+    # in a fit: a decay near 1 keeps the tower (weights and BatchNorm statistics) at its start
+    rng = np.random.default_rng(0)
+    data = CaptionedFrames(rng.integers(0, 255, (8, 64, 64, 3), dtype=np.uint8), np.arange(8), np.zeros(8, int),
+                           np.linspace(0, 1, 8, dtype=np.float32), [["press the button", "push the button"]])
+
+    def fitted(ema: float) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        model = build_open_clip("ViT-S-32", {"embed_dim": 384, "vision_cfg": TINY_VISION,
+                                             "text_cfg": PLACEHOLDER_TEXT})
+        start = {k: v.clone() for k, v in model.visual.state_dict().items()}
+        fit_image_tower(model, MiniLMText(), ImagePreprocess(64, OPENAI_MEAN, OPENAI_STD), data,
+                        FitSettings(steps=3, batch_size=8, warmup=1, log_every=1, ema=ema))
+        return start, {k: v.clone() for k, v in model.visual.state_dict().items()}
+
+    def moved(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+        return max(float((a[k] - b[k]).abs().max()) for k in a if a[k].is_floating_point())
+
+    start, trained = fitted(0.0)
+    _, averaged = fitted(1 - 1e-6)
+    assert moved(start, trained) > 1e-3
+    assert moved(start, averaged) < 1e-4 * moved(start, trained)
+
+
 def test_hindsight_captions_add_every_other_goal_of_the_scene():
     from embodied.core.registry import get_task, hindsight_labeller
     from embodied.runtime.reward import BankConfig, captions_from_bank, collect_bank

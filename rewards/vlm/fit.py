@@ -175,6 +175,10 @@ class FitSettings:
     # seven other symmetries of the square, ``dihedral_transform``), for views whose labels do not
     # change under them (a top-down view of a symmetric arena); such frames leave the state loss out
     dihedral: float = 0.0
+    # decay of an exponential moving average of the image tower's weights (BatchNorm statistics and
+    # the calibration included), kept after every step and returned as the fitted tower; 0 keeps the
+    # last step's weights. An average over the last ~1/(1 - ema) steps
+    ema: float = 0.0
     seed: int = 0
     log_every: int = 200
 
@@ -186,6 +190,8 @@ class FitSettings:
             raise ValueError(f"pos_fraction must be in [0, 1], got {self.pos_fraction}")
         if not 0.0 <= self.dihedral <= 1.0:
             raise ValueError(f"dihedral must be in [0, 1], got {self.dihedral}")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"ema must be in [0, 1) (0: no weight average), got {self.ema}")
         if not 0.0 <= self.synthetic_wordings <= 1.0:
             raise ValueError(f"synthetic_wordings must be in [0, 1], got {self.synthetic_wordings}")
         if self.lr <= 0 or self.shift < 0 or self.warmup < 0 or self.state_weight < 0 or self.rank_weight < 0 \
@@ -225,6 +231,28 @@ def dihedral_transform(x: torch.Tensor, k: np.ndarray) -> torch.Tensor:
         y = torch.rot90(x[rows], int(e) % 4, dims=(-2, -1))
         out[rows] = torch.flip(y, dims=(-1,)) if e >= 4 else y
     return out
+
+
+class WeightAverage:
+    """An exponential moving average of tensors trained in place (a module's parameters and
+    buffers): ``update()`` after each optimiser step, ``copy_to_live()`` writes the average back.
+    Floating tensors are averaged; others (BatchNorm's step counters) are left as trained."""
+
+    def __init__(self, tensors: list[torch.Tensor], decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"the average's decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        self.live = [t for t in tensors if t.is_floating_point()]
+        self.mean = [t.detach().clone() for t in self.live]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        torch._foreach_lerp_(self.mean, [t.detach() for t in self.live], 1.0 - self.decay)
+
+    @torch.no_grad()
+    def copy_to_live(self) -> None:
+        for t, m in zip(self.live, self.mean):
+            t.copy_(m)
 
 
 class EpisodePartners:
@@ -378,6 +406,7 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         t = (step - s.warmup) / max(1, s.steps - s.warmup)
         return s.lr * 0.5 * (1.0 + math.cos(math.pi * t))
 
+    average = WeightAverage(list(visual.state_dict().values()) + [log_scale, bias], s.ema) if s.ema > 0 else None
     history, running, running_state, running_rank, running_hind = [], 0.0, 0.0, 0.0, 0.0
     t0 = time.perf_counter()
     visual.train()
@@ -434,6 +463,8 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups[:2] for p in g["params"]], 1.0)
         opt.step()
+        if average is not None:
+            average.update()
         running += float(caption_loss.detach())
         if (step + 1) % s.log_every == 0 or step + 1 == s.steps:
             n = (step % s.log_every) + 1
@@ -447,6 +478,8 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
             if progress is not None:
                 progress(step + 1, running / n)
             running = running_state = running_rank = running_hind = 0.0
+    if average is not None:
+        average.copy_to_live()
     visual.eval()
     for p in model.parameters():
         p.requires_grad_(False)
