@@ -242,12 +242,12 @@ class WeightAverage:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"the average's decay must be in (0, 1), got {decay}")
         self.decay = decay
-        self.live = [t for t in tensors if t.is_floating_point()]
-        self.mean = [t.detach().clone() for t in self.live]
+        self.live = [t.detach() for t in tensors if t.is_floating_point()]  # views of the trained storage
+        self.mean = [t.clone() for t in self.live]
 
     @torch.no_grad()
     def update(self) -> None:
-        torch._foreach_lerp_(self.mean, [t.detach() for t in self.live], 1.0 - self.decay)
+        torch._foreach_lerp_(self.mean, self.live, 1.0 - self.decay)
 
     @torch.no_grad()
     def copy_to_live(self) -> None:
