@@ -442,6 +442,81 @@ def test_hindsight_fit_is_refused_for_a_suite_without_a_labeller(tmp_path):
         run_fit(cfg, tmp_path)
 
 
+def test_relational_state_gives_distances_and_midpoints_in_the_robot_frame():
+    from sim.navigation.tasks import relational_state
+
+    state = np.zeros((2, 30))
+    state[:, 6:14] = [3, 0, 0, 4, -1, 0, 0, -2]  # red, green, blue, yellow
+    state[0, :4] = [1, 0, 1, 0]  # at (1, 0) facing +x
+    state[1, :4] = [1, 0, 0, 1]  # the same place facing +y
+    f = relational_state(state)
+    assert f.shape == (2, 22) and f.dtype == np.float32
+    assert np.allclose(f[:, :4], [2, np.hypot(1, 4), 2, np.hypot(1, 2)])  # to each ball
+    # pair (red, green): midpoint (1.5, 2), i.e. 0.5 ahead and 2 left facing +x; 2 ahead, 0.5 right facing +y
+    assert np.allclose(f[0, 4:6], [0.5, 2]) and np.allclose(f[1, 4:6], [2, -0.5])
+    assert np.allclose(f[:, 16], np.hypot(0.5, 2))
+    # pair (red, blue), the second: midpoint (1, 0), where the robot is; (blue, yellow) is the last
+    assert np.allclose(f[:, 6:8], 0) and f[0, 17] == pytest.approx(0)
+    assert np.allclose(f[0, 14:16], [-1.5, -1]) and f[0, 21] == pytest.approx(np.hypot(1.5, 1))
+    with pytest.raises(ValueError, match=r"states must be \(N, 30\) navigation states, got \(2, 5\)"):
+        relational_state(np.zeros((2, 5)))
+
+
+def test_state_features_widen_the_fit_state_targets_and_are_refused_without_them(tmp_path):
+    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from rewards.vlm.fit import FitSettings
+
+    fitted = {}
+    for flag in (False, True):
+        run_fit(RewardFitConfig(suite="navigation", tasks=["goto-between"], bank=BankConfig(seeds=1, behaviours=["expert"]),
+                                state_features=flag, fit=FitSettings(steps=1, batch_size=4), reference_frames=0,
+                                progress=False), tmp_path / str(flag))
+        meta = json.loads((tmp_path / str(flag) / "reward" / "reward.json").read_text())
+        fitted[flag] = meta["fitted"]
+        reward = load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / str(flag) / "reward")))
+        frames, instruction = frames_of("goto-between", n=2)
+        assert np.all(np.isfinite(reward(frames, None, instruction).reward))
+    assert fitted[True]["state_features"] and not fitted[False]["state_features"]
+    # the 22 relational features join the state's targets (dims that never vary are dropped from both)
+    assert 0 < fitted[False]["state_targets"] < fitted[True]["state_targets"] <= fitted[False]["state_targets"] + 22
+    cfg = RewardFitConfig(suite="metaworld-mt10", tasks=["reach-v3"], bank=BankConfig(seeds=1, behaviours=["random"]),
+                          state_features=True, progress=False)
+    with pytest.raises(ValueError, match="state_features=true needs a suite with relational state features; 'metaworld' "
+                                         r"has none \(suites with them: \['navigation'\]\)"):
+        run_fit(cfg, tmp_path / "mt10")
+
+
+def test_projected_text_keeps_only_the_fitted_goals_directions(tmp_path):
+    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from rewards.vlm.fit import FitSettings
+    from rewards.vlm.text import MiniLMText, ProjectedText
+
+    inner = MiniLMText()
+    means = inner.encode(["go to the red ball", "go to the blue ball", "enter the kitchen"])
+    basis = ProjectedText.basis_of(means)
+    assert basis.shape == (3, inner.dim) and torch.allclose(basis @ basis.T, torch.eye(3), atol=1e-5)
+    text = ProjectedText(inner, basis)
+    # a goal the basis was made from keeps its embedding; any other loses what lies outside their span
+    assert torch.allclose(text.encode(["go to the red ball"]), means[:1], atol=1e-5)
+    other = inner.encode(["stack the cubes"])
+    got = text.encode(["stack the cubes"])
+    assert torch.allclose(got.norm(dim=-1), torch.ones(1), atol=1e-5)
+    assert float(got[0] @ other[0]) < 1 - 1e-3 and torch.allclose(got @ basis.T @ basis, got, atol=1e-5)
+    assert ProjectedText.basis_of(torch.cat([means, means[:1] + means[1:2]])).shape[0] == 3  # a dependent row adds none
+    with pytest.raises(ValueError, match=r"basis must be \(k >= 1, 384\), got \(2, 5\)"):
+        ProjectedText(inner, torch.zeros(2, 5))
+    # fitted with project_text, the checkpoint keeps the basis and reads instructions through it
+    run_fit(RewardFitConfig(suite="navigation", tasks=["goto-landmark"], bank=BankConfig(seeds=1, behaviours=["expert"]),
+                            project_text=True, fit=FitSettings(steps=1, batch_size=4), reference_frames=0,
+                            progress=False), tmp_path)
+    meta = json.loads((tmp_path / "reward" / "reward.json").read_text())
+    reward = load_clip_reward(ClipRewardConfig(checkpoint=str(tmp_path / "reward")))
+    assert reward.describe()["text"]["projected"] == len(meta["text_basis"]) >= 1
+    b = torch.tensor(meta["text_basis"])
+    t = reward.text.encode(["reach the blue landmark"])
+    assert torch.allclose(t @ b.T @ b, t, atol=1e-5)
+
+
 def test_split_clauses_keeps_each_conjunction_with_its_clause():
     from rewards.vlm.text import split_clauses
 

@@ -69,6 +69,10 @@ class SuiteSpec:
     # reward (T,) float), ...], the ground truth of every goal the tasks can pose in that
     # episode's scene (rewards fitted with hindsight captions read it; see ``hindsight_labeller``)
     hindsight: str = ""
+    # "module:function" of the suite's relational state features, or "" for none: a function
+    # (states (N, Ds)) -> float (N, Df), extra targets of a reward fit's auxiliary state loss
+    # (``state_features`` of ``embodied reward fit``)
+    state_features: str = ""
 
 
 _TASKS: dict[str, TaskSpec] = {}
@@ -178,6 +182,19 @@ def resolve_tasks(suite: str | None = None, tasks: list[str] | str | None = None
         if suite in _TASKS or (load_plugins() is None and suite in _TASKS):
             return [suite]
         raise
+
+
+def state_features_of(suite: str) -> Callable[..., Any] | None:
+    """The relational state features a suite registered (``SuiteSpec.state_features``), imported
+    lazily; None if none."""
+    try:
+        entry = get_suite(suite).state_features
+    except UnknownNameError:
+        return None
+    if not entry:
+        return None
+    module, _, attr = entry.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def hindsight_labeller(suite: str) -> Callable[..., Any] | None:

@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from embodied.core.errors import EmbodiedError
-from embodied.core.registry import get_suite, get_task, hindsight_labeller, list_suites, make_env, resolve_tasks
+from embodied.core.registry import (get_suite, get_task, hindsight_labeller, list_suites, make_env, resolve_tasks,
+                                    state_features_of)
 from embodied.core.reward import RewardModel
 from embodied.runtime.evaluate import write_json
 from rewards.vlm.fit import FitSettings
@@ -275,6 +276,12 @@ class RewardFitConfig:
     # with text_clauses, the first half: "sentence" (the whole instruction) or "clause" (its first
     # clause only, as checkpoints before this option)
     clause_head: str = "sentence"
+    # project instructions onto the span of the fitted goals' mean text embeddings
+    # (rewards.vlm.text.ProjectedText), stored in the checkpoint
+    project_text: bool = False
+    # add the suite's relational state features (SuiteSpec.state_features: e.g. the robot's distance to
+    # each pair of balls' midpoint) to the auxiliary state loss's targets; suites without them refuse it
+    state_features: bool = False
     init: str = ""  # a local open_clip weights file of `arch` to fine-tune instead of starting from scratch
     # with init: entries of the arch's open_clip config to replace (e.g. {vision_cfg: {image_size: 64}})
     init_overrides: dict[str, Any] = field(default_factory=dict)
@@ -448,7 +455,7 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
 
     from rewards.vlm.fit import fit_image_tower
     from rewards.vlm.model import ClipReward, ImagePreprocess
-    from rewards.vlm.text import MINILM_DIM, CenteredText, ClauseText, MiniLMText, OpenClipText
+    from rewards.vlm.text import MINILM_DIM, CenteredText, ClauseText, MiniLMText, OpenClipText, ProjectedText
     from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, PLACEHOLDER_TEXT, build_open_clip, image_size_of,
                                     load_open_clip, save_reference, save_reward_checkpoint)
 
@@ -462,6 +469,12 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
         if labeller is None:
             raise ValueError(f"hindsight=true needs a suite with a hindsight labeller; {suite!r} has none "
                              f"(suites with one: {[s for s in list_suites() if get_suite(s).hindsight]})")
+    extra = None
+    if cfg.state_features:
+        extra = state_features_of(suite)
+        if extra is None:
+            raise ValueError(f"state_features=true needs a suite with relational state features; {suite!r} has none "
+                             f"(suites with them: {[s for s in list_suites() if get_suite(s).state_features]})")
     t0 = time.perf_counter()
     if cfg.init:
         overrides = dict(cfg.init_overrides)
@@ -482,6 +495,14 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     if cfg.center_text:
         center = text.encode(sorted({w for g in data.groups for w in g})).mean(0)
         text = CenteredText(text, center)
+    if extra is not None:
+        if data.states is None:
+            raise ValueError("state_features=true needs the bank's privileged states, and this bank has none")
+        data.states = np.concatenate([data.states, extra(data.states)], axis=1)
+    basis = None
+    if cfg.project_text:
+        basis = ProjectedText.basis_of(torch.stack([text.encode(g).mean(0) for g in data.groups]))
+        text = ProjectedText(text, basis)
     settings = cfg.fit
     record = fit_image_tower(model, text, pre, data, settings)
     folder = Path(cfg.out) if cfg.out else out / "reward"
@@ -489,11 +510,13 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
             "image_size": cfg.image_size, "tower_image_size": size, "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD),
             "camera": cfg.camera or None, "supersample": cfg.supersample,
             "calibration": record["calibration"], "text_center": None if center is None else center.tolist(),
+            "text_basis": None if basis is None else basis.tolist(),
             "text_clauses": cfg.text_clauses, "clause_head": cfg.clause_head if cfg.text_clauses else None,
             "reference_frames": 0,
             "fitted": {"seeds": list(seed_range(cfg.bank, len(tasks))), "split": "train",
                        "bank": asdict(cfg.bank), "init": cfg.init or None, "settings": asdict(settings),
                        "label_progress": cfg.label_progress, "hindsight": cfg.hindsight,
+                       "state_features": cfg.state_features, "state_targets": record["state_targets"],
                        "history": record["history"], "pairs": record["pairs"], "groups": record["groups"],
                        "wordings": record["wordings"],
                        # every training wording, filled with the episodes' parameters (the goals it was fitted on)

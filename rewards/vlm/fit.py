@@ -485,4 +485,5 @@ def fit_image_tower(model: torch.nn.Module, text: Any, preprocess: ImagePreproce
         p.requires_grad_(False)
     return {"calibration": [log_scale.exp().item(), bias.item()], "history": history,
             "train_time_s": time.perf_counter() - t0, "pairs": int(len(data.label)), "frames": int(len(data.frames)),
-            "groups": len(data.groups), "wordings": len(wordings)}
+            "groups": len(data.groups), "wordings": len(wordings),
+            "state_targets": 0 if targets is None else int(targets.shape[1])}

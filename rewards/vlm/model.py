@@ -377,7 +377,7 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
     """The CLIP reward ``cfg`` describes, its weights read from ``cfg.checkpoint``."""
     from pathlib import Path
 
-    from rewards.vlm.text import CenteredText, ClauseText, MiniLMText, OpenClipText
+    from rewards.vlm.text import CenteredText, ClauseText, MiniLMText, OpenClipText, ProjectedText
     from rewards.vlm.towers import (OPENAI_MEAN, OPENAI_STD, RewardCheckpointError, image_size_of,
                                     is_reward_checkpoint, load_open_clip, read_reference, read_reward_checkpoint)
 
@@ -399,6 +399,8 @@ def load_clip_reward(cfg: ClipRewardConfig) -> ClipReward:
             text = ClauseText(text, meta.get("clause_head") or "clause")  # (checkpoints before clause_head: "clause")
         if meta.get("text_center") is not None:
             text = CenteredText(text, torch.tensor(meta["text_center"]))
+        if meta.get("text_basis") is not None:
+            text = ProjectedText(text, torch.tensor(meta["text_basis"]))
         size = int(meta["image_size"])  # the frames it reads; the tower may take another size
         pre = ImagePreprocess(image_size_of(model), meta.get("mean", OPENAI_MEAN), meta.get("std", OPENAI_STD))
         cal = meta.get("calibration")

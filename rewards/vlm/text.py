@@ -99,6 +99,39 @@ class CenteredText:
         return {**self.inner.describe(), "centered": True}
 
 
+class ProjectedText:
+    """A text side projected onto a fixed subspace: ``normalize(inner(t) B^T B)``, B (k, D) with
+    orthonormal rows.
+
+    B spans the mean embeddings of the goals a reward was fitted on (each goal's training wordings
+    averaged), fixed at fitting time and stored in the checkpoint. A wording never seen in fitting
+    moves its goal's embedding along directions no goal differs in, which the image embedding was
+    never taught to ignore; projected, the instruction keeps only the directions in which the
+    fitted goals differ.
+    """
+
+    def __init__(self, inner: Any, basis: torch.Tensor):
+        basis = torch.as_tensor(basis, dtype=torch.float32)
+        if basis.ndim != 2 or basis.shape[1] != inner.dim or len(basis) == 0:
+            raise ValueError(f"basis must be (k >= 1, {inner.dim}), got {tuple(basis.shape)}")
+        self.inner, self.basis = inner, basis
+        self.name, self.dim = inner.name, inner.dim
+
+    @staticmethod
+    def basis_of(goal_means: torch.Tensor, rtol: float = 1e-3) -> torch.Tensor:
+        """Orthonormal rows (k, D) spanning ``goal_means`` (G, D): its right singular vectors whose
+        singular value is above ``rtol`` times the largest."""
+        _, s, vh = torch.linalg.svd(torch.as_tensor(goal_means, dtype=torch.float32), full_matrices=False)
+        return vh[s > rtol * s[0]].contiguous()
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        z = self.inner.encode(texts)
+        return torch.nn.functional.normalize(z @ self.basis.T @ self.basis, dim=-1)
+
+    def describe(self) -> dict:
+        return {**self.inner.describe(), "projected": int(len(self.basis))}
+
+
 # a clause ends at a comma or semicolon, or before a conjunction that starts a new one (kept with it,
 # so "without ..." keeps its negation)
 CLAUSE_BREAK = re.compile(r"\s*[,;]\s*|\s+(?=(?:while|but|and|without|then)\b)")

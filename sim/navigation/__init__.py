@@ -13,4 +13,4 @@ from sim.navigation.tasks import GOALS
 SUITE = register_suite(SuiteSpec(
     "navigation", tasks=tuple(GOALS),
     description="instruction-following navigation in a four-room arena with coloured balls",
-    hindsight="sim.navigation.tasks:hindsight_labels"))
+    hindsight="sim.navigation.tasks:hindsight_labels", state_features="sim.navigation.tasks:relational_state"))

@@ -274,3 +274,33 @@ def hindsight_labels(states: np.ndarray, tasks: Sequence[str]) -> list[tuple[str
             reward[t] = sum(weights[k] * v for k, v in terms.items())
         out.append((task, dict(goal.fields), success, reward))
     return out
+
+
+# ------------------------------------------------------------------ relational state features
+def relational_state(states: np.ndarray) -> np.ndarray:
+    """Where the robot is relative to each ball and to the midpoint of each pair of balls.
+
+    Args:
+        states: (N, 30) privileged states (``NavigationEnv``'s layout: the robot's x, y, cos and
+            sin of its yaw at [0:4], the balls' x, y at [6:14]).
+
+    Returns:
+        float32 (N, 22): the robot's distance to each ball (4), then for each pair (i, j), i < j, in
+        the order (0, 1), (0, 2), ..., (2, 3): the pair's midpoint in the robot's frame (ahead, left;
+        12) and the distance to it (6). A reward fitted with ``state_features`` regresses these
+        besides the state, so that its image tower learns the relations goto-between and
+        approach-avoid are judged by, not only where each thing is.
+    """
+    states = np.asarray(states, np.float64)
+    if states.ndim != 2 or states.shape[1] < 14:
+        raise ValueError(f"states must be (N, 30) navigation states, got {states.shape}")
+    xy, c, s = states[:, 0:2], states[:, 2], states[:, 3]
+    balls = states[:, 6:14].reshape(len(states), len(COLORS), 2)
+    out = [np.linalg.norm(balls - xy[:, None], axis=-1)]
+    offsets, dists = [], []
+    for i in range(len(COLORS)):
+        for j in range(i + 1, len(COLORS)):
+            rel = 0.5 * (balls[:, i] + balls[:, j]) - xy
+            offsets += [rel[:, 0] * c + rel[:, 1] * s, -rel[:, 0] * s + rel[:, 1] * c]
+            dists.append(np.linalg.norm(rel, axis=-1))
+    return np.concatenate(out + [np.stack(offsets, 1), np.stack(dists, 1)], axis=1).astype(np.float32)
