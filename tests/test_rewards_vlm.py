@@ -450,7 +450,7 @@ def test_relational_state_gives_distances_and_midpoints_in_the_robot_frame():
     state[0, :4] = [1, 0, 1, 0]  # at (1, 0) facing +x
     state[1, :4] = [1, 0, 0, 1]  # the same place facing +y
     f = relational_state(state)
-    assert f.shape == (2, 22) and f.dtype == np.float32
+    assert f.shape == (2, 32) and f.dtype == np.float32
     assert np.allclose(f[:, :4], [2, np.hypot(1, 4), 2, np.hypot(1, 2)])  # to each ball
     # pair (red, green): midpoint (1.5, 2), i.e. 0.5 ahead and 2 left facing +x; 2 ahead, 0.5 right facing +y
     assert np.allclose(f[0, 4:6], [0.5, 2]) and np.allclose(f[1, 4:6], [2, -0.5])
@@ -458,6 +458,9 @@ def test_relational_state_gives_distances_and_midpoints_in_the_robot_frame():
     # pair (red, blue), the second: midpoint (1, 0), where the robot is; (blue, yellow) is the last
     assert np.allclose(f[:, 6:8], 0) and f[0, 17] == pytest.approx(0)
     assert np.allclose(f[0, 14:16], [-1.5, -1]) and f[0, 21] == pytest.approx(np.hypot(1.5, 1))
+    # the same distances peaked: 1 at the ball or midpoint, exp(-1/2) one width away, near 0 beyond
+    assert np.allclose(f[:, 22:26], np.exp(-0.5 * (f[:, :4] / 0.5) ** 2)) and f[0, 22] < 1e-3
+    assert f[0, 27] == pytest.approx(1) and np.allclose(f[:, 26:32], np.exp(-0.5 * (f[:, 16:22] / 0.5) ** 2))
     with pytest.raises(ValueError, match=r"states must be \(N, 30\) navigation states, got \(2, 5\)"):
         relational_state(np.zeros((2, 5)))
 
@@ -477,8 +480,8 @@ def test_state_features_widen_the_fit_state_targets_and_are_refused_without_them
         frames, instruction = frames_of("goto-between", n=2)
         assert np.all(np.isfinite(reward(frames, None, instruction).reward))
     assert fitted[True]["state_features"] and not fitted[False]["state_features"]
-    # the 22 relational features join the state's targets (dims that never vary are dropped from both)
-    assert 0 < fitted[False]["state_targets"] < fitted[True]["state_targets"] <= fitted[False]["state_targets"] + 22
+    # the 32 relational features join the state's targets (dims that never vary are dropped from both)
+    assert 0 < fitted[False]["state_targets"] < fitted[True]["state_targets"] <= fitted[False]["state_targets"] + 32
     cfg = RewardFitConfig(suite="metaworld-mt10", tasks=["reach-v3"], bank=BankConfig(seeds=1, behaviours=["random"]),
                           state_features=True, progress=False)
     with pytest.raises(ValueError, match="state_features=true needs a suite with relational state features; 'metaworld' "
@@ -1029,8 +1032,8 @@ def test_reward_commands_smoke(tmp_path, fitted):
 
 
 def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
-    """configs/reward_fit_suite/navigation.yaml: 1,000 seeds per task and episode labels; the other
-    bank settings stay the schema's."""
+    """configs/reward_fit_suite/navigation.yaml: 1,000 seeds per task, episode labels, relational state
+    targets and a weight average; the other bank settings stay the schema's."""
     out = embodied_cli("reward", "fit", "suite=navigation", "--cfg", "job", cwd=tmp_path).stdout
     import yaml
 
@@ -1045,6 +1048,10 @@ def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
     mt10 = yaml.safe_load(embodied_cli("reward", "fit", "suite=metaworld-mt10", "--cfg", "job", cwd=tmp_path).stdout)
     assert mt10["supersample"] == 2 and mt10["bank"]["seeds"] == 40 and mt10["label_progress"] == "time"
     assert mt10["fit"]["steps"] == 12000 and other["fit"]["steps"] == cfg["fit"]["steps"] == 6000  # MT10 trains longer
+    # navigation regresses relational state targets and keeps a weight average; the others neither
+    assert cfg["state_features"] is True and cfg["fit"]["ema"] == 0.999
+    assert other["state_features"] is False and mt10["state_features"] is False
+    assert other["fit"]["ema"] == mt10["fit"]["ema"] == 0.0
 
 
 def test_reward_eval_scores_forty_held_out_seeds_but_mt10_ten(tmp_path):

@@ -277,6 +277,10 @@ def hindsight_labels(states: np.ndarray, tasks: Sequence[str]) -> list[tuple[str
 
 
 # ------------------------------------------------------------------ relational state features
+# width (m) of the peaked relational features: exp(-d^2 / 2 w^2) of a distance d
+RELATIONAL_WIDTH = 0.5
+
+
 def relational_state(states: np.ndarray) -> np.ndarray:
     """Where the robot is relative to each ball and to the midpoint of each pair of balls.
 
@@ -285,22 +289,27 @@ def relational_state(states: np.ndarray) -> np.ndarray:
             sin of its yaw at [0:4], the balls' x, y at [6:14]).
 
     Returns:
-        float32 (N, 22): the robot's distance to each ball (4), then for each pair (i, j), i < j, in
-        the order (0, 1), (0, 2), ..., (2, 3): the pair's midpoint in the robot's frame (ahead, left;
-        12) and the distance to it (6). A reward fitted with ``state_features`` regresses these
-        besides the state, so that its image tower learns the relations goto-between and
-        approach-avoid are judged by, not only where each thing is.
+        float32 (N, 32): the robot's distance to each ball (4); for each pair (i, j), i < j, in the
+        order (0, 1), (0, 2), ..., (2, 3), the pair's midpoint in the robot's frame (ahead, left; 12)
+        and the distance to it (6); then the same distances peaked, exp(-d^2 / 2 w^2) with w =
+        ``RELATIONAL_WIDTH``, to each ball (4) and each midpoint (6), which are near 0 except close
+        by. A reward fitted with ``state_features`` regresses these besides the state, so that its
+        image tower learns the relations goto-between and approach-avoid are judged by (at the
+        midpoint of two distant balls the robot is near neither), not only where each thing is.
     """
     states = np.asarray(states, np.float64)
     if states.ndim != 2 or states.shape[1] < 14:
         raise ValueError(f"states must be (N, 30) navigation states, got {states.shape}")
     xy, c, s = states[:, 0:2], states[:, 2], states[:, 3]
     balls = states[:, 6:14].reshape(len(states), len(COLORS), 2)
-    out = [np.linalg.norm(balls - xy[:, None], axis=-1)]
+    to_balls = np.linalg.norm(balls - xy[:, None], axis=-1)
     offsets, dists = [], []
     for i in range(len(COLORS)):
         for j in range(i + 1, len(COLORS)):
             rel = 0.5 * (balls[:, i] + balls[:, j]) - xy
             offsets += [rel[:, 0] * c + rel[:, 1] * s, -rel[:, 0] * s + rel[:, 1] * c]
             dists.append(np.linalg.norm(rel, axis=-1))
-    return np.concatenate(out + [np.stack(offsets, 1), np.stack(dists, 1)], axis=1).astype(np.float32)
+    to_mids = np.stack(dists, 1)
+    peak = lambda d: np.exp(-0.5 * (d / RELATIONAL_WIDTH) ** 2)  # noqa: E731
+    return np.concatenate([to_balls, np.stack(offsets, 1), to_mids, peak(to_balls), peak(to_mids)],
+                          axis=1).astype(np.float32)
