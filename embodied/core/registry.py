@@ -184,11 +184,12 @@ def resolve_tasks(suite: str | None = None, tasks: list[str] | str | None = None
         raise
 
 
-def state_features_of(suite: str) -> Callable[..., Any] | None:
-    """The relational state features a suite registered (``SuiteSpec.state_features``), imported
-    lazily; None if none."""
+def suite_hook(suite: str, name: str) -> Callable[..., Any] | None:
+    """The function a suite registered under ``name`` (a "module:function" field of ``SuiteSpec``:
+    ``hindsight``, ``state_features``), imported lazily; None if none (also for the suite a task
+    names that is no registered suite, as Meta-World's tasks name ``metaworld``)."""
     try:
-        entry = get_suite(suite).state_features
+        entry = getattr(get_suite(suite), name)
     except UnknownNameError:
         return None
     if not entry:
@@ -198,16 +199,8 @@ def state_features_of(suite: str) -> Callable[..., Any] | None:
 
 
 def hindsight_labeller(suite: str) -> Callable[..., Any] | None:
-    """The hindsight labeller a suite registered (``SuiteSpec.hindsight``), imported lazily; None if none
-    (also for the suite a task names that is no registered suite, as Meta-World's tasks name ``metaworld``)."""
-    try:
-        entry = get_suite(suite).hindsight
-    except UnknownNameError:
-        return None
-    if not entry:
-        return None
-    module, _, attr = entry.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """The hindsight labeller a suite registered (``SuiteSpec.hindsight``); None if none."""
+    return suite_hook(suite, "hindsight")
 
 
 def env_class(task: str) -> Callable[..., Any]:

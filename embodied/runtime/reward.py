@@ -31,8 +31,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from embodied.core.errors import EmbodiedError
-from embodied.core.registry import (get_suite, get_task, hindsight_labeller, list_suites, make_env, resolve_tasks,
-                                    state_features_of)
+from embodied.core.registry import get_suite, get_task, list_suites, make_env, resolve_tasks, suite_hook
 from embodied.core.reward import RewardModel
 from embodied.runtime.evaluate import write_json
 from rewards.vlm.fit import FitSettings
@@ -449,6 +448,15 @@ def captions_from_bank(bank: RolloutBank, templates: dict[str, Sequence[str]], l
                            bank.states, bank.episode, flags if hindsight is not None else None)
 
 
+def _required_hook(suite: str, name: str, what: str, pronoun: str) -> Callable[..., Any]:
+    """The suite's ``name`` hook (``suite_hook``), which ``name=true`` of a fit needs; a clear error without it."""
+    hook = suite_hook(suite, name)
+    if hook is None:
+        raise ValueError(f"{name}=true needs a suite with {what}; {suite!r} has none "
+                         f"(suites with {pronoun}: {[s for s in list_suites() if getattr(get_suite(s), name)]})")
+    return hook
+
+
 def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     """Fit the in-domain reward on a training bank and save it to ``cfg.out`` or ``out/reward``."""
     import torch
@@ -463,18 +471,9 @@ def run_fit(cfg: RewardFitConfig, out: Path) -> dict[str, Any]:
     torch.manual_seed(cfg.fit.seed)
     tasks = resolve_tasks(cfg.suite, cfg.tasks)
     suite = suite_of(tasks)
-    labeller = None
-    if cfg.hindsight:
-        labeller = hindsight_labeller(suite)
-        if labeller is None:
-            raise ValueError(f"hindsight=true needs a suite with a hindsight labeller; {suite!r} has none "
-                             f"(suites with one: {[s for s in list_suites() if get_suite(s).hindsight]})")
-    extra = None
-    if cfg.state_features:
-        extra = state_features_of(suite)
-        if extra is None:
-            raise ValueError(f"state_features=true needs a suite with relational state features; {suite!r} has none "
-                             f"(suites with them: {[s for s in list_suites() if get_suite(s).state_features]})")
+    labeller = _required_hook(suite, "hindsight", "a hindsight labeller", "one") if cfg.hindsight else None
+    extra = _required_hook(suite, "state_features", "relational state features", "them") \
+        if cfg.state_features else None
     t0 = time.perf_counter()
     if cfg.init:
         overrides = dict(cfg.init_overrides)
