@@ -680,6 +680,7 @@ def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, towe
     assert slow.encoder() == (slow.model.encode_image, False)
     if tower == "resnet":  # BatchNorm folded away: no batch_norm op is left in the frozen graph
         assert "batch_norm" not in str(encode.graph)
+        assert encode.original_name == "_ResNetImage"  # the first-token attention pool is the one in use
     # a real fitted checkpoint, loaded as the commands load it (unstandardised: two fitting steps leave
     # its rewards nearly flat, and a z-score would magnify float rounding)
     ckpt = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), standardize=False))
@@ -703,6 +704,33 @@ def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, towe
             return self.visual(x).mean((2, 3)) * self.calls
 
     assert inference_encoder(Drifting(), 16)[1] is False
+
+
+def test_first_token_attention_pool_returns_what_open_clips_pool_returns():
+    """The pool computed for its first token alone gives open_clip's output, for any batch and
+    map size and any number of heads."""
+    from open_clip.modified_resnet import AttentionPool2d
+
+    from rewards.vlm.model import FirstTokenAttentionPool
+
+    torch.manual_seed(0)
+    for spatial, dim, heads, out in ((2, 64, 8, 96), (3, 32, 1, 16), (4, 48, 6, 48)):
+        pool = AttentionPool2d(spatial, dim, heads, out).eval()
+        with torch.no_grad():
+            for p in pool.parameters():
+                p.normal_(0.0, 0.5)
+        fast = FirstTokenAttentionPool(pool)
+        for b in (1, 3, 8):
+            x = torch.randn(b, dim, spatial, spatial).contiguous(memory_format=torch.channels_last)
+            with torch.no_grad():
+                want, got = pool(x), fast(x)
+            assert got.shape == want.shape == (b, out)
+            scale = float(want.abs().max())
+            assert float((got - want).abs().max()) <= 1e-5 * scale, (spatial, heads, b, (got - want).abs().max())
+        with torch.no_grad():
+            pool.q_proj.weight.add_(1.0)  # the copy holds the weights it was built with
+        assert float((fast(x) - want).abs().max()) <= 1e-5 * scale
+        assert float((pool(x) - want).abs().max()) > 1e-2 * scale
 
 
 def test_bad_inputs_give_clear_errors(tiny_reward):

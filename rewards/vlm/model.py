@@ -27,8 +27,10 @@ Smoothing over the last k frames is a property of a stream of frames, not of one
 Text embeddings are cached per string; images are embedded in batches of ``batch_size``.
 For inference the image tower is traced and frozen with TorchScript (``inference_encoder``:
 BatchNorm folded into the convolutions, one graph instead of a Python call per layer), for
-the small batches (one frame per env) a training loop scores; it is checked against the eager tower when it is built and the eager tower is kept if they
-differ or tracing fails.
+the small batches (one frame per env) a training loop scores. A CLIP ResNet's attention pool
+is computed for the one token it returns (``FirstTokenAttentionPool``). The frozen graph is
+checked against the eager tower when it is built and the eager tower is kept if they differ
+or tracing fails.
 """
 
 from __future__ import annotations
@@ -105,11 +107,75 @@ class _EncodeImage(torch.nn.Module):
         return self.model.encode_image(x)
 
 
+class FirstTokenAttentionPool(torch.nn.Module):
+    """open_clip's ``AttentionPool2d`` (a CLIP ResNet's head), computing only what it returns.
+
+    The pool attends from every one of its H*W + 1 tokens (the mean token, then the feature
+    map's) and keeps the output of the first. Only that token's query and output projection
+    are needed, so they are computed for it alone; keys and values come from one matrix
+    product. Same function, fewer operations: with one head per 8 channels the query and the
+    output projection were most of the pool's cost. Holds copies of the pool's weights.
+    """
+
+    def __init__(self, pool: torch.nn.Module):
+        super().__init__()
+        self.heads = int(pool.num_heads)
+        with torch.no_grad():
+            self.register_buffer("pos", pool.positional_embedding.detach().clone())
+            self.register_buffer("q_w", pool.q_proj.weight.detach().clone())
+            self.register_buffer("q_b", pool.q_proj.bias.detach().clone())
+            self.register_buffer("kv_w", torch.cat([pool.k_proj.weight, pool.v_proj.weight]).detach())
+            self.register_buffer("kv_b", torch.cat([pool.k_proj.bias, pool.v_proj.bias]).detach())
+            self.register_buffer("out_w", pool.c_proj.weight.detach().clone())
+            self.register_buffer("out_b", pool.c_proj.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, output_dim)
+        b, c = x.shape[0], x.shape[1]
+        d = c // self.heads
+        x = x.flatten(2).transpose(1, 2)  # (B, HW, C)
+        x = torch.cat([x.mean(1, keepdim=True), x], 1) + self.pos  # (B, HW + 1, C)
+        q = F.linear(x[:, 0], self.q_w, self.q_b).view(b, self.heads, 1, d)
+        k, v = F.linear(x, self.kv_w, self.kv_b).chunk(2, dim=-1)
+        k = k.reshape(b, -1, self.heads, d).transpose(1, 2)
+        v = v.reshape(b, -1, self.heads, d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v).reshape(b, c)
+        return F.linear(o, self.out_w, self.out_b)
+
+
+class _ResNetImage(torch.nn.Module):
+    """A CLIP ResNet image tower (open_clip's ``ModifiedResNet``) for inference: its stem and
+    stages as they are, its attention pool as ``FirstTokenAttentionPool``."""
+
+    def __init__(self, visual: torch.nn.Module):
+        super().__init__()
+        self.visual = visual
+        self.pool = FirstTokenAttentionPool(visual.attnpool)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.visual
+        return self.pool(v.layer4(v.layer3(v.layer2(v.layer1(v.stem(x))))))
+
+
+def _candidates(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The graphs ``inference_encoder`` tries, fastest first."""
+    out = []
+    visual = getattr(model, "visual", None)
+    pool = getattr(visual, "attnpool", None)
+    if (all(hasattr(visual, n) for n in ("stem", "layer1", "layer2", "layer3", "layer4"))
+            and all(hasattr(pool, n) for n in ("num_heads", "positional_embedding", "q_proj", "k_proj", "v_proj",
+                                                "c_proj"))):
+        out.append(("CLIP ResNet, first-token attention pool", _ResNetImage(visual)))
+    return out + [("encode_image", _EncodeImage(model))]
+
+
 def inference_encoder(model: torch.nn.Module, size: int, rtol: float = 1e-4) -> tuple[Callable, bool]:
     """``(encode, optimised)``: ``model.encode_image`` traced and frozen by TorchScript for
     inference, or the eager method when that fails or its output differs from the eager
     tower's on a probe batch (by more than ``rtol`` of the embedding's scale).
 
+    A CLIP ResNet tower is traced with its attention pool computed for the one token it
+    returns (``FirstTokenAttentionPool``); should that graph not match ``encode_image`` (a
+    model whose ``encode_image`` does more than run the tower), the whole method is traced.
     Freezing inlines the weights as they are now (later changes to ``model`` are not seen)
     and folds each BatchNorm into the convolution before it (eval mode). Batch sizes other
     than the traced one are fine: the graph keeps the batch dimension symbolic.
@@ -122,22 +188,29 @@ def inference_encoder(model: torch.nn.Module, size: int, rtol: float = 1e-4) -> 
     example, probe = (torch.randn(n, 3, size, size, generator=gen).to(device).contiguous(
         memory_format=torch.channels_last) for n in (2, 3))
     try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TorchScript's deprecation notices
-            frozen = torch.jit.freeze(torch.jit.trace(_EncodeImage(model).eval(), example, check_trace=False))
-            want, got = eager(probe).float(), frozen(probe).float()
-            frozen(probe[:1])  # another batch size once before use
-    except Exception as e:  # an architecture TorchScript cannot trace: keep the eager tower
-        log.info("image tower kept eager (TorchScript trace failed: %s)", str(e).splitlines()[0] if str(e) else e)
-        return eager, False
+        with torch.no_grad():
+            want = eager(probe).float()
+        for name, module in _candidates(model):
+            try:
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # TorchScript's deprecation notices
+                    frozen = torch.jit.freeze(torch.jit.trace(module.to(device).eval(), example, check_trace=False))
+                    got = frozen(probe).float()
+                    frozen(probe[:1])  # another batch size once before use
+            except Exception as e:  # a graph TorchScript cannot trace: try the next, else keep the eager tower
+                log.info("image tower: TorchScript trace of %s failed (%s)", name,
+                         str(e).splitlines()[0] if str(e) else e)
+                continue
+            err = float((got - want).abs().max())
+            scale = float(want.abs().max()) + 1e-6
+            if got.shape == want.shape and err <= rtol * scale:
+                log.debug("image tower: TorchScript-frozen %s", name)
+                return frozen, True
+            log.info("image tower: the TorchScript trace of %s differs by %.2g (scale %.2g)", name, err, scale)
     finally:
         model.train(was_training)
-    err = float((got - want).abs().max())
-    scale = float(want.abs().max()) + 1e-6
-    if got.shape != want.shape or not err <= rtol * scale:
-        log.warning("image tower kept eager: its TorchScript trace differs by %.2g (scale %.2g)", err, scale)
-        return eager, False
-    return frozen, True
+    log.warning("image tower kept eager: no TorchScript trace of it matches the eager tower")
+    return eager, False
 
 
 class ClipReward(RewardModel):
