@@ -632,9 +632,30 @@ def test_cached_and_uncached_paths_agree(tiny_reward):
     for out in (b, c):
         assert np.allclose(a.reward, out.reward, atol=1e-5)
         assert all(np.allclose(a.terms[k], out.terms[k], atol=1e-5) for k in a.terms)
+    # the last batch's goal rows are reused only for the same texts: another order, then the first again
+    swapped = [other, instruction, other, instruction, other]
+    d, e = cached(frames, None, swapped), uncached(frames, None, swapped)
+    assert np.allclose(d.reward, e.reward, atol=1e-5) and not np.allclose(d.reward, a.reward, atol=1e-4)
+    assert np.allclose(cached(frames, None, [instruction, other, instruction, other, instruction]).reward, a.reward,
+                       atol=1e-5)
     # one frame at a time gives the batch's rewards
     one = np.concatenate([tiny_reward(frames[i:i + 1], None, instruction).reward for i in range(5)])
     assert np.allclose(one, tiny_reward(frames, None, instruction).reward, atol=1e-5)
+
+
+def test_standardised_rewards_follow_each_rows_instruction(fitted):
+    """A fitted (standardised) reward z-scores each row by its own instruction's reference
+    statistics, whether the rows come fresh or from the last batch's."""
+    model = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted)))
+    assert model.standardized
+    frames, first = frames_of("pick", n=4)
+    second = "lift the red cube"
+    for texts in ([first, second, first, second], [second, first, second, first], [first, second, first, second]):
+        got = model(frames, None, texts).reward
+        raw = model.with_options(standardize=False)(frames, None, texts).reward
+        stats = np.array([model.reference_stats(t) for t in texts])
+        assert np.allclose(got, (raw - stats[:, 0]) / stats[:, 1], atol=1e-4), texts
+    assert model.reference_stats(first) != model.reference_stats(second)
 
 
 def _clip_resnet_with_trained_batchnorm() -> torch.nn.Module:

@@ -269,6 +269,7 @@ class ClipReward(RewardModel):
             raise ValueError(f"reference must be image embeddings (N >= 2, D), got shape {tuple(reference.shape)}")
         self.reference, self.standardize = reference, bool(standardize)
         self._ref_stats: dict[str, tuple[float, float]] = {}  # instruction -> (mean, sd) over the reference
+        self._last_rows: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None  # see _rows
         w = self.negative_weight if self.negatives else 0.0
         self._raw_range = (-1.0 - w, 1.0 + w)
         self.reward_range = (-np.inf, np.inf) if self.standardized else self._raw_range
@@ -332,12 +333,30 @@ class ClipReward(RewardModel):
     def score_embeddings(self, x: torch.Tensor, instruction: str | Sequence[str]) -> RewardOutput:
         """The reward of unit image embeddings x (B, D) (see the module docstring)."""
         texts = [instruction] * x.shape[0] if isinstance(instruction, str) else list(instruction)
-        reward, terms = self._score(x, texts)
-        if self.standardized:
-            stats = torch.tensor([self.reference_stats(t) for t in texts], dtype=reward.dtype).reshape(-1, 2)
-            reward = (reward - stats[:, 0]) / stats[:, 1]
+        with torch.inference_mode():
+            goals, stats = self._rows(texts)
+            reward, terms = self._score(x, texts, goals)
+            if stats is not None:
+                reward = (reward - stats[:, 0]) / stats[:, 1]
         return RewardOutput(reward.numpy().astype(np.float32),
                             {k: v.numpy().astype(np.float32) for k, v in terms.items()})
+
+    def _rows(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(goal embeddings (B, D), reference (mean, sd) (B, 2) when standardised), one row per
+        text. The last batch's rows are kept (with ``cache_text``): a vector env's instructions
+        change only when one of its episodes ends, so most steps reuse them."""
+        key = (self.standardized, *texts)
+        last = self._last_rows
+        if self.cache_text and last is not None and last[0] == key:
+            return last[1], last[2]
+        uniq = sorted(set(texts))
+        table = self.embed_texts(uniq)
+        goals = table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(len(texts), -1)
+        stats = (torch.tensor([self.reference_stats(t) for t in texts], dtype=table.dtype).reshape(-1, 2)
+                 if self.standardized else None)
+        if self.cache_text:
+            self._last_rows = (key, goals, stats)
+        return goals, stats
 
     def reference_stats(self, instruction: str) -> tuple[float, float]:
         """(mean, sd) of the unstandardised reward of ``instruction`` over the reference frames."""
@@ -356,12 +375,15 @@ class ClipReward(RewardModel):
         mean, sd = self.reference_stats(instruction)
         return (lo - mean) / sd, (hi - mean) / sd
 
-    def _score(self, x: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(unstandardised reward (B,), terms) of unit image embeddings x (B, D), one text per row."""
-        b = x.shape[0]
-        uniq = sorted(set(texts))
-        table = self.embed_texts(uniq)
-        g = table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(b, -1)
+    def _score(self, x: torch.Tensor, texts: list[str],
+               goals: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(unstandardised reward (B,), terms) of unit image embeddings x (B, D), one text per
+        row (``goals``: their embeddings, when the caller has them)."""
+        if goals is None:
+            uniq = sorted(set(texts))
+            table = self.embed_texts(uniq)
+            goals = table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(x.shape[0], -1)
+        g = goals
         if x.shape[-1] != g.shape[-1]:
             raise RewardInputError(f"image embeddings are {x.shape[-1]}-d but the text side gives "
                                    f"{g.shape[-1]}-d: the towers do not belong together")
