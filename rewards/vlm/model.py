@@ -120,14 +120,14 @@ class FirstTokenAttentionPool(torch.nn.Module):
     def __init__(self, pool: torch.nn.Module):
         super().__init__()
         self.heads = int(pool.num_heads)
-        with torch.no_grad():
-            self.register_buffer("pos", pool.positional_embedding.detach().clone())
-            self.register_buffer("q_w", pool.q_proj.weight.detach().clone())
-            self.register_buffer("q_b", pool.q_proj.bias.detach().clone())
-            self.register_buffer("kv_w", torch.cat([pool.k_proj.weight, pool.v_proj.weight]).detach())
-            self.register_buffer("kv_b", torch.cat([pool.k_proj.bias, pool.v_proj.bias]).detach())
-            self.register_buffer("out_w", pool.c_proj.weight.detach().clone())
-            self.register_buffer("out_b", pool.c_proj.bias.detach().clone())
+        with torch.no_grad():  # copies, outside autograd
+            self.register_buffer("pos", pool.positional_embedding.clone())
+            self.register_buffer("q_w", pool.q_proj.weight.clone())
+            self.register_buffer("q_b", pool.q_proj.bias.clone())
+            self.register_buffer("kv_w", torch.cat([pool.k_proj.weight, pool.v_proj.weight]))
+            self.register_buffer("kv_b", torch.cat([pool.k_proj.bias, pool.v_proj.bias]))
+            self.register_buffer("out_w", pool.c_proj.weight.clone())
+            self.register_buffer("out_b", pool.c_proj.bias.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, output_dim)
         b, c = x.shape[0], x.shape[1]
@@ -335,7 +335,7 @@ class ClipReward(RewardModel):
         texts = [instruction] * x.shape[0] if isinstance(instruction, str) else list(instruction)
         with torch.inference_mode():
             goals, stats = self._rows(texts)
-            reward, terms = self._score(x, texts, goals)
+            reward, terms = self._score(x, goals)
             if stats is not None:
                 reward = (reward - stats[:, 0]) / stats[:, 1]
         return RewardOutput(reward.numpy().astype(np.float32),
@@ -349,21 +349,25 @@ class ClipReward(RewardModel):
         last = self._last_rows
         if self.cache_text and last is not None and last[0] == key:
             return last[1], last[2]
-        uniq = sorted(set(texts))
-        table = self.embed_texts(uniq)
-        goals = table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(len(texts), -1)
-        stats = (torch.tensor([self.reference_stats(t) for t in texts], dtype=table.dtype).reshape(-1, 2)
+        goals = self._goals(texts)
+        stats = (torch.tensor([self.reference_stats(t) for t in texts], dtype=goals.dtype).reshape(-1, 2)
                  if self.standardized else None)
         if self.cache_text:
             self._last_rows = (key, goals, stats)
         return goals, stats
+
+    def _goals(self, texts: list[str]) -> torch.Tensor:
+        """Goal embeddings (B, D), one row per text (each distinct text embedded once)."""
+        uniq = sorted(set(texts))
+        table = self.embed_texts(uniq)
+        return table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(len(texts), -1)
 
     def reference_stats(self, instruction: str) -> tuple[float, float]:
         """(mean, sd) of the unstandardised reward of ``instruction`` over the reference frames."""
         if self.reference is None:
             raise ValueError("this reward has no reference frames to standardise against")
         if instruction not in self._ref_stats:
-            r = self._score(self.reference, [instruction] * len(self.reference))[0].double()
+            r = self._score(self.reference, self._goals([instruction] * len(self.reference)))[0].double()
             self._ref_stats[instruction] = (float(r.mean()), max(float(r.std()), 1e-4))
         return self._ref_stats[instruction]
 
@@ -375,15 +379,9 @@ class ClipReward(RewardModel):
         mean, sd = self.reference_stats(instruction)
         return (lo - mean) / sd, (hi - mean) / sd
 
-    def _score(self, x: torch.Tensor, texts: list[str],
-               goals: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(unstandardised reward (B,), terms) of unit image embeddings x (B, D), one text per
-        row (``goals``: their embeddings, when the caller has them)."""
-        if goals is None:
-            uniq = sorted(set(texts))
-            table = self.embed_texts(uniq)
-            goals = table[[uniq.index(t) for t in texts]] if len(uniq) > 1 else table.expand(x.shape[0], -1)
-        g = goals
+    def _score(self, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(unstandardised reward (B,), terms) of unit image embeddings x (B, D) against goal
+        embeddings g (B, D), row by row."""
         if x.shape[-1] != g.shape[-1]:
             raise RewardInputError(f"image embeddings are {x.shape[-1]}-d but the text side gives "
                                    f"{g.shape[-1]}-d: the towers do not belong together")
