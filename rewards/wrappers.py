@@ -177,11 +177,14 @@ class VecRewardWrapper(VecEnvWrapper):
                 have = set()
             for k in have:
                 _check_supersample(k, model)
-        self._recent = [deque(maxlen=self.smoothing) for _ in range(self.num_envs)]
+        # each env's last ``smoothing`` model rewards (a ring, zeros where none yet) and how many it has
+        self._recent = np.zeros((self.num_envs, self.smoothing))
+        self._count = np.zeros(self.num_envs, np.int64)
+        self._rows = np.arange(self.num_envs)
 
     def reset(self):
-        for d in self._recent:
-            d.clear()
+        self._recent[:] = 0.0
+        self._count[:] = 0
         return self.venv.reset()
 
     def step_wait(self):
@@ -195,13 +198,16 @@ class VecRewardWrapper(VecEnvWrapper):
         frames = np.stack([i["frame"] for i in infos]) if "frames" in self.model.inputs else None
         states = np.stack([i["privileged_state"] for i in infos]) if "states" in self.model.inputs else None
         out = self.model(frames, states, [i["instruction"] for i in infos])
-        rewards = np.zeros(self.num_envs, np.float32)
-        for k in range(self.num_envs):
-            self._recent[k].append(float(out.reward[k]))
-            r = float(np.mean(self._recent[k]))
-            infos[k]["env_reward"] = float(env_rewards[k])
-            infos[k]["reward_model"] = {"reward": r, **{n: float(v[k]) for n, v in out.terms.items()}}
-            rewards[k] = self.env_weight * float(env_rewards[k]) + self.model_weight * r
-            if dones[k]:
-                self._recent[k].clear()
+        self._recent[self._rows, self._count % self.smoothing] = out.reward
+        self._count += 1
+        model_rewards = self._recent.sum(1) / np.minimum(self._count, self.smoothing)
+        env_rewards = np.asarray(env_rewards, np.float64)
+        rewards = (self.env_weight * env_rewards + self.model_weight * model_rewards).astype(np.float32)
+        terms = {n: np.asarray(v, np.float64).tolist() for n, v in out.terms.items()}
+        for k, (info, env_r, r) in enumerate(zip(infos, env_rewards.tolist(), model_rewards.tolist())):
+            info["env_reward"] = env_r
+            info["reward_model"] = {"reward": r, **{n: v[k] for n, v in terms.items()}}
+        done = np.asarray(dones, bool)
+        self._recent[done] = 0.0  # a new episode starts its own window
+        self._count[done] = 0
         return obs, rewards, dones, infos

@@ -678,7 +678,7 @@ def _clip_resnet_with_trained_batchnorm() -> torch.nn.Module:
 @pytest.mark.parametrize("tower", ["resnet", "vit"])
 def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, tower):
     """The TorchScript-frozen tower (BatchNorm folded) scores as the eager one, at every batch size."""
-    from rewards.vlm.model import inference_encoder
+    from rewards.vlm.model import OnnxTower, inference_encoder
 
     if tower == "resnet":
         fast = ClipReward(_clip_resnet_with_trained_batchnorm(), tiny_reward.text, tiny_reward.preprocess,
@@ -697,11 +697,23 @@ def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, towe
             assert a.terms.keys() == e.terms.keys()
             assert all(np.allclose(a.terms[k], e.terms[k], atol=1e-5) for k in a.terms)
     encode, optimised = fast.encoder()
-    assert optimised and isinstance(encode, torch.jit.ScriptModule)  # the comparison above was not vacuous
+    assert optimised and isinstance(encode, OnnxTower)  # the comparison above was not vacuous
     assert slow.encoder() == (slow.model.encode_image, False)
-    if tower == "resnet":  # BatchNorm folded away: no batch_norm op is left in the frozen graph
-        assert "batch_norm" not in str(encode.graph)
-        assert encode.original_name == "_ResNetImage"  # the first-token attention pool is the one in use
+    # TorchScript, the runtime used where ONNX Runtime cannot run the tower (e.g. on a GPU)
+    script, optimised = inference_encoder(fast.model, 64, runtimes=("torchscript",))
+    assert optimised and isinstance(script, torch.jit.ScriptModule)
+    x = fast.preprocess(frames)
+    with torch.inference_mode():
+        want = fast.model.encode_image(x)
+        for graph in (encode, script):
+            for b in (1, 7, len(x)):
+                assert float((graph(x[:b]) - want[:b]).abs().max()) <= 1e-5 * float(want.abs().max())
+    if tower == "resnet":  # the first-token attention pool is the graph in use
+        assert encode.name == "CLIP ResNet, first-token attention pool"
+        assert script.original_name == "_ResNetImage"
+        assert "batch_norm" not in str(script.graph)  # BatchNorm folded into the convolutions
+    else:
+        assert encode.name == "encode_image"
     # a real fitted checkpoint, loaded as the commands load it (unstandardised: two fitting steps leave
     # its rewards nearly flat, and a z-score would magnify float rounding)
     ckpt = load_clip_reward(ClipRewardConfig(checkpoint=str(fitted), standardize=False))
@@ -725,6 +737,23 @@ def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, towe
             return self.visual(x).mean((2, 3)) * self.calls
 
     assert inference_encoder(Drifting(), 16)[1] is False
+
+
+def test_without_onnx_runtime_the_tower_is_frozen_by_torchscript(monkeypatch):
+    """Where ONNX Runtime does not import, the tower still runs as a graph (TorchScript) that
+    gives the eager embeddings; an unknown runtime name is an error naming the known ones."""
+    from rewards.vlm.model import inference_encoder
+
+    model = _clip_resnet_with_trained_batchnorm()
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    encode, optimised = inference_encoder(model, 64)
+    assert optimised and isinstance(encode, torch.jit.ScriptModule)
+    x = torch.randn(5, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        want = model.encode_image(x)
+        assert float((encode(x) - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    with pytest.raises(ValueError, match="unknown inference runtime 'tensorrt'.*onnxruntime.*torchscript"):
+        inference_encoder(model, 64, runtimes=("tensorrt",))
 
 
 def test_first_token_attention_pool_returns_what_open_clips_pool_returns():
@@ -1045,6 +1074,38 @@ def test_sb3_batch_path_scores_each_step_on_its_own_frame(tiny_reward):
             embodied.make_env("reach", render_mode="rgb_array", render_size=64), ["state"])]), tiny_reward)
         bare.reset()
         bare.step(np.zeros((1, 4), np.float32))
+
+
+def test_sb3_batch_path_smooths_each_env_within_its_episode(tiny_reward):
+    """With smoothing k, each env's reward is the mean of its last k frames' rewards, counted
+    from the start of its episode; env_weight mixes in the env's own reward."""
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from rewards.wrappers import RewardInputs, VecRewardWrapper
+
+    def make(steps):
+        def thunk():
+            env = embodied.make_env("press-button", render_mode="rgb_array", render_size=64, max_episode_steps=steps)
+            return gym.wrappers.FilterObservation(RewardInputs(env), ["state"])
+        return thunk
+
+    venv = VecRewardWrapper(DummyVecEnv([make(3), make(4)]), tiny_reward, env_weight=0.5, smoothing=2)
+    venv.seed(0)
+    venv.reset()
+    history = [[], []]  # each env's raw model rewards in its current episode
+    rng = np.random.default_rng(0)
+    for t in range(7):
+        _, rewards, dones, infos = venv.step(rng.uniform(-1, 1, (2, 4)).astype(np.float32))
+        raw = tiny_reward(np.stack([i["frame"] for i in infos]), None, [i["instruction"] for i in infos]).reward
+        for k in range(2):
+            history[k].append(float(raw[k]))
+            want = float(np.mean(history[k][-2:]))
+            assert infos[k]["reward_model"]["reward"] == pytest.approx(want, abs=1e-5), (t, k)
+            assert rewards[k] == pytest.approx(0.5 * infos[k]["env_reward"] + want, abs=1e-5)
+            if dones[k]:
+                history[k] = []
+    assert rewards.dtype == np.float32
 
 
 # ------------------------------------------------------------------------------- commands

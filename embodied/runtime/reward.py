@@ -771,7 +771,7 @@ class RewardBenchConfig:
     steps: int = 200  # vector-env steps per round (step + render, with and without the reward)
     num_envs: int = 8  # sub-envs of the SB3 vector env (frames scored per batch)
     rounds: int = 3  # measurements alternate; the median of each figure is reported
-    threads: int = 1  # torch threads (one core)
+    threads: int = 1  # threads of torch and of the image tower's runtime (one: one core)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -845,7 +845,8 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
             v.step(rng.uniform(-1, 1, shape).astype(np.float32))
         return cfg.steps * cfg.num_envs / (time.perf_counter() - t)
 
-    score_rate()  # warm-up: the text cache, the allocator
+    score_rate()  # warm-up: the text cache, the allocator, the image tower's graph
+    runtime = getattr(model, "runtime", None)  # what embeds the frames (ClipReward)
     rounds = []
     for _ in range(cfg.rounds):
         venv.reset()
@@ -857,12 +858,14 @@ def run_reward_bench(cfg: RewardBenchConfig, out: Path) -> dict[str, Any]:
     venv.close()
     med = {k: float(np.median([r[k] for r in rounds])) for k in rounds[0]}
     metrics = {"task": task, "image_size": size, "supersample": model.supersample, "threads": cfg.threads,
-               "num_envs": cfg.num_envs, "batch_size": batch, **med, "rounds": rounds,
+               "num_envs": cfg.num_envs, "batch_size": batch, "image_tower_runtime": runtime, **med,
+               "rounds": rounds,
                "reward": getattr(model, "describe", lambda: None)()}
     write_json(out / "metrics.json", metrics)
-    log.info("%s at %dx%d, %d torch thread(s): reward scoring %.0f frames/s (embedding + similarity); SB3 loop of "
+    log.info("%s at %dx%d, %d thread(s)%s: reward scoring %.0f frames/s (embedding + similarity); SB3 loop of "
              "%d envs: step+render %.0f frames/s, with the reward %.0f frames/s = %.0f%% of step+render "
-             "(medians of %d alternating rounds)", task, size, size, cfg.threads, med["score_frames_per_s"],
+             "(medians of %d alternating rounds)", task, size, size, cfg.threads,
+             f", image tower on {runtime}" if runtime else "", med["score_frames_per_s"],
              cfg.num_envs, med["step_render_frames_per_s"], med["step_render_reward_frames_per_s"],
              100 * med["end_to_end_fraction"], cfg.rounds)
     return metrics

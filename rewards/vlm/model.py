@@ -25,17 +25,18 @@ Smoothing over the last k frames is a property of a stream of frames, not of one
 ``smoothing`` is read by the wrappers and the evaluation (``causal_mean``).
 
 Text embeddings are cached per string; images are embedded in batches of ``batch_size``.
-For inference the image tower is traced and frozen with TorchScript (``inference_encoder``:
-BatchNorm folded into the convolutions, one graph instead of a Python call per layer), for
-the small batches (one frame per env) a training loop scores. A CLIP ResNet's attention pool
-is computed for the one token it returns (``FirstTokenAttentionPool``). The frozen graph is
-checked against the eager tower when it is built and the eager tower is kept if they differ
-or tracing fails.
+For inference the image tower runs as one graph instead of a Python call per layer
+(``inference_encoder``), for the small batches (one frame per env) a training loop scores:
+exported to ONNX and run by ONNX Runtime on a CPU (``OnnxTower``), else traced and frozen by
+TorchScript (BatchNorm folded into the convolutions). A CLIP ResNet's attention pool is
+computed for the one token it returns (``FirstTokenAttentionPool``). The graph is checked
+against the eager tower when it is built, and the eager tower is kept if none matches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import warnings
 from typing import Any, Callable, Sequence
@@ -87,13 +88,16 @@ class ImagePreprocess:
         std_t = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
         self.scale = 1.0 / (255.0 * std_t)
         self.shift = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) / std_t
+        self.neg_shift = -self.shift
 
     def __call__(self, frames: np.ndarray | torch.Tensor) -> torch.Tensor:
         # (B, H, W, 3) viewed as (B, 3, H, W) is channels-last memory, which conv towers prefer
-        x = torch.as_tensor(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+        x = torch.as_tensor(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
         if x.shape[-2:] != (self.size, self.size):
-            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False)
-        return x.mul_(self.scale).sub_(self.shift)
+            x = F.interpolate(x.float(), size=(self.size, self.size), mode="bilinear", antialias=True,
+                              align_corners=False)
+            return x.mul_(self.scale).sub_(self.shift)
+        return torch.addcmul(self.neg_shift, x, self.scale)  # x * scale - shift, in one pass
 
 
 class _EncodeImage(torch.nn.Module):
@@ -168,17 +172,97 @@ def _candidates(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return out + [("encode_image", _EncodeImage(model))]
 
 
-def inference_encoder(model: torch.nn.Module, size: int, rtol: float = 1e-4) -> tuple[Callable, bool]:
-    """``(encode, optimised)``: ``model.encode_image`` traced and frozen by TorchScript for
-    inference, or the eager method when that fails or its output differs from the eager
-    tower's on a probe batch (by more than ``rtol`` of the embedding's scale).
+class _ChannelsLastInput(torch.nn.Module):
+    """``module`` taking (B, S, S, 3) images: a channels-last batch (B, 3, S, S) is that array
+    without a copy, so it crosses into ONNX Runtime as it is."""
 
-    A CLIP ResNet tower is traced with its attention pool computed for the one token it
-    returns (``FirstTokenAttentionPool``); should that graph not match ``encode_image`` (a
-    model whose ``encode_image`` does more than run the tower), the whole method is traced.
-    Freezing inlines the weights as they are now (later changes to ``model`` are not seen)
-    and folds each BatchNorm into the convolution before it (eval mode). Batch sizes other
-    than the traced one are fine: the graph keeps the batch dimension symbolic.
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x.permute(0, 3, 1, 2))
+
+
+class OnnxTower:
+    """An image tower run by ONNX Runtime on the CPU: ``module`` exported to ONNX in memory
+    (TorchScript-based exporter), the batch dimension symbolic.
+
+    Calls take and return torch tensors like the module: (B, 3, S, S) images, channels-last
+    preferred, -> (B, D). The session uses ``torch.get_num_threads()`` threads (as many as
+    torch at the time it is built) and does not spin while idle.
+    """
+
+    runtime = "onnxruntime"
+
+    def __init__(self, module: torch.nn.Module, size: int, name: str):
+        import onnxruntime as ort
+
+        self.name = name
+        buffer = io.BytesIO()
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)  # attention as exportable ops, not one fused kernel
+        try:
+            torch.onnx.export(_ChannelsLastInput(module).eval(), (torch.zeros(2, size, size, 3),), buffer,
+                              input_names=["image"], output_names=["embedding"],
+                              dynamic_axes={"image": {0: "batch"}, "embedding": {0: "batch"}},
+                              dynamo=False, opset_version=17)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3  # errors only
+        self.session = ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        image = x.detach().permute(0, 2, 3, 1).contiguous().float().numpy()
+        return torch.from_numpy(self.session.run(None, {"image": image})[0])
+
+    def __repr__(self) -> str:
+        return f"OnnxTower({self.name!r})"
+
+
+def _torchscript(module: torch.nn.Module, example: torch.Tensor) -> torch.jit.ScriptModule:
+    """``module`` traced on ``example`` and frozen (weights inlined, BatchNorm folded)."""
+    return torch.jit.freeze(torch.jit.trace(module.eval(), example, check_trace=False))
+
+
+RUNTIMES = ("onnxruntime", "torchscript")  # what inference_encoder tries, fastest first
+
+
+def _runtime(name: str, device: torch.device) -> Callable[[torch.nn.Module, torch.Tensor, str], Callable] | None:
+    """A builder of ``name``'s graph of a module (module, example input, label) -> encode, or
+    None when that runtime cannot run here (ONNX Runtime: CPU only, and its packages must import)."""
+    if name == "torchscript":
+        return lambda module, example, label: _torchscript(module, example)
+    if name != "onnxruntime":
+        raise ValueError(f"unknown inference runtime {name!r}; choose from {list(RUNTIMES)}")
+    if device.type != "cpu":
+        return None
+    try:
+        import onnx  # noqa: F401  (the exporter writes with it)
+        import onnxruntime  # noqa: F401
+    except ImportError as e:
+        log.info("image tower: ONNX Runtime unavailable (%s); TorchScript instead", e)
+        return None
+    return lambda module, example, label: OnnxTower(module, example.shape[-1], label)
+
+
+def inference_encoder(model: torch.nn.Module, size: int, rtol: float = 1e-4,
+                      runtimes: Sequence[str] = RUNTIMES) -> tuple[Callable, bool]:
+    """``(encode, optimised)``: ``model.encode_image`` as an inference graph, or the eager
+    method when no graph can be built or none gives the eager tower's output on a probe batch
+    (within ``rtol`` of the embedding's scale).
+
+    The graphs, tried in order: a CLIP ResNet tower with its attention pool computed for the
+    one token it returns (``FirstTokenAttentionPool``), then the whole ``encode_image`` (for
+    other towers, or a model whose ``encode_image`` does more than run the tower); each by the
+    first of ``runtimes`` that builds it and matches: ``"onnxruntime"`` (``OnnxTower``, on the
+    CPU) and ``"torchscript"`` (traced and frozen, BatchNorm folded into the convolutions). A
+    graph holds the weights as they are now (later changes to ``model`` are not seen). Batch
+    sizes other than the traced one are fine: the batch dimension stays symbolic.
     """
     eager = model.encode_image
     was_training = model.training
@@ -190,26 +274,31 @@ def inference_encoder(model: torch.nn.Module, size: int, rtol: float = 1e-4) -> 
     try:
         with torch.no_grad():
             want = eager(probe).float()
+        builders = [(r, _runtime(r, device)) for r in runtimes]
         for name, module in _candidates(model):
-            try:
-                with torch.no_grad(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # TorchScript's deprecation notices
-                    frozen = torch.jit.freeze(torch.jit.trace(module.to(device).eval(), example, check_trace=False))
-                    got = frozen(probe).float()
-                    frozen(probe[:1])  # another batch size once before use
-            except Exception as e:  # a graph TorchScript cannot trace: try the next, else keep the eager tower
-                log.info("image tower: TorchScript trace of %s failed (%s)", name,
-                         str(e).splitlines()[0] if str(e) else e)
-                continue
-            err = float((got - want).abs().max())
-            scale = float(want.abs().max()) + 1e-6
-            if got.shape == want.shape and err <= rtol * scale:
-                log.debug("image tower: TorchScript-frozen %s", name)
-                return frozen, True
-            log.info("image tower: the TorchScript trace of %s differs by %.2g (scale %.2g)", name, err, scale)
+            module = module.to(device).eval()
+            for runtime, build in builders:
+                if build is None:
+                    continue
+                try:
+                    with torch.no_grad(), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # the exporters' deprecation notices
+                        encode = build(module, example, name)
+                        got = encode(probe).float()
+                        encode(probe[:1])  # another batch size once before use
+                except Exception as e:  # a graph this runtime cannot build or run: try the next
+                    log.info("image tower: %s could not run %s (%s)", runtime, name,
+                             str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    continue
+                err = float((got - want).abs().max())
+                scale = float(want.abs().max()) + 1e-6
+                if got.shape == want.shape and err <= rtol * scale:
+                    log.debug("image tower: %s runs %s", runtime, name)
+                    return encode, True
+                log.info("image tower: %s's graph of %s differs by %.2g (scale %.2g)", runtime, name, err, scale)
     finally:
         model.train(was_training)
-    log.warning("image tower kept eager: no TorchScript trace of it matches the eager tower")
+    log.warning("image tower kept eager: no inference graph of it matches the eager tower")
     return eager, False
 
 
@@ -229,8 +318,9 @@ class ClipReward(RewardModel):
         suite, image_size, camera, supersample: what the model was fitted for (see ``RewardModel``).
         calibration: (s, c) of the ``holds`` term, for a model fitted in-domain.
         meta: the checkpoint's record (``describe`` returns it).
-        optimize: embed frames with the traced and frozen image tower (``inference_encoder``,
-            built on first use from the model's weights at that time); False: the eager tower.
+        optimize: embed frames with an inference graph of the image tower (``inference_encoder``:
+            ONNX Runtime, else TorchScript; built on first use from the model's weights at that
+            time); False: the eager tower.
         reference: unit image embeddings (N, D) of reference frames (see the module docstring).
         standardize: z-score each instruction's reward against ``reference`` (when given).
     """
@@ -296,7 +386,7 @@ class ClipReward(RewardModel):
         return other
 
     def __getstate__(self) -> dict[str, Any]:
-        # a frozen TorchScript module does not pickle: a copy (e.g. in a vector-env worker) rebuilds it
+        # inference graphs do not pickle: a copy (e.g. in a vector-env worker) rebuilds its own
         state = dict(self.__dict__)
         state["_encoders"] = {}
         return state
@@ -319,6 +409,15 @@ class ClipReward(RewardModel):
                                              else (self.model.encode_image, False))
         return self._encoders[self.optimize]
 
+    @property
+    def runtime(self) -> str:
+        """What embeds the frames: ``"onnxruntime"``, ``"torchscript"`` or ``"eager"`` (builds
+        the encoder if it is not built yet)."""
+        encode, optimised = self.encoder()
+        if not optimised:
+            return "eager"
+        return getattr(encode, "runtime", "torchscript")
+
     def embed_images(self, frames: np.ndarray) -> torch.Tensor:
         """Unit image embeddings (B, D) of uint8 frames (B, H, W, 3), ``batch_size`` at a time."""
         out = []
@@ -336,22 +435,25 @@ class ClipReward(RewardModel):
         with torch.inference_mode():
             goals, stats = self._rows(texts)
             reward, terms = self._score(x, goals)
-            if stats is not None:
-                reward = (reward - stats[:, 0]) / stats[:, 1]
-        return RewardOutput(reward.numpy().astype(np.float32),
-                            {k: v.numpy().astype(np.float32) for k, v in terms.items()})
+            if stats is not None:  # (reward - mean) / sd
+                reward = torch.addcmul(stats[0], reward, stats[1])
+            values = torch.stack([reward, *terms.values()]).float().numpy()  # one conversion for all
+        return RewardOutput(values[0], dict(zip(terms, values[1:])))
 
     def _rows(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(goal embeddings (B, D), reference (mean, sd) (B, 2) when standardised), one row per
-        text. The last batch's rows are kept (with ``cache_text``): a vector env's instructions
-        change only when one of its episodes ends, so most steps reuse them."""
+        """(goal embeddings (B, D), when standardised (-mean / sd, 1 / sd) (2, B) of the
+        reference statistics), one row (column) per text. The last batch's rows are kept (with
+        ``cache_text``): a vector env's instructions change only when one of its episodes ends,
+        so most steps reuse them."""
         key = (self.standardized, *texts)
         last = self._last_rows
         if self.cache_text and last is not None and last[0] == key:
             return last[1], last[2]
         goals = self._goals(texts)
-        stats = (torch.tensor([self.reference_stats(t) for t in texts], dtype=goals.dtype).reshape(-1, 2)
-                 if self.standardized else None)
+        stats = None
+        if self.standardized:
+            mean, sd = torch.tensor([self.reference_stats(t) for t in texts], dtype=torch.float64).reshape(-1, 2).T
+            stats = torch.stack([-mean / sd, 1.0 / sd]).to(goals.dtype)
         if self.cache_text:
             self._last_rows = (key, goals, stats)
         return goals, stats
@@ -440,7 +542,7 @@ class ClipRewardConfig:
     negative_weight: float = 1.0
     smoothing: int = 3  # mean over the last k frames (configs/reward/clip.yaml); 1: none
     batch_size: int = 64  # frames per forward pass (mid-sized batches run fastest on a CPU core)
-    optimize: bool = True  # embed with the TorchScript-frozen image tower (same output; false: eager)
+    optimize: bool = True  # embed with an inference graph of the image tower (same output; false: eager)
     # z-score each instruction's reward against the checkpoint's reference frames (a fitted reward
     # folder with reference.safetensors; others have none and are not standardised)
     standardize: bool = True
