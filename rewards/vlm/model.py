@@ -96,7 +96,6 @@ class ImagePreprocess:
         if x.shape[-2:] != (self.size, self.size):
             x = F.interpolate(x.float(), size=(self.size, self.size), mode="bilinear", antialias=True,
                               align_corners=False)
-            return x.mul_(self.scale).sub_(self.shift)
         return torch.addcmul(self.neg_shift, x, self.scale)  # x * scale - shift, in one pass
 
 
