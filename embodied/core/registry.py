@@ -184,6 +184,26 @@ def resolve_tasks(suite: str | None = None, tasks: list[str] | str | None = None
         raise
 
 
+def load_object(spec: str, what: str = "object") -> Any:
+    """The attribute named by ``"package.module:attr"``, its module imported now (lazily).
+
+    The one resolver of "module:attr" strings (entry points, plugin tables, user-given
+    factories). ``what`` names the setting in the error: a malformed spec, a module that does
+    not import or a missing attribute is a ``ValueError`` that says which.
+    """
+    module, sep, attr = str(spec).partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what}={spec!r} is not allowed: must be 'package.module:attribute'")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{what}={spec!r}: cannot import module {module!r} ({e})") from e
+    try:
+        return getattr(mod, attr)
+    except AttributeError:
+        raise ValueError(f"{what}={spec!r}: module {module!r} has no attribute {attr!r}") from None
+
+
 def suite_hook(suite: str, name: str) -> Callable[..., Any] | None:
     """The function a suite registered under ``name`` (a "module:function" field of ``SuiteSpec``:
     ``hindsight``, ``state_features``), imported lazily; None if none (also for the suite a task
@@ -194,8 +214,7 @@ def suite_hook(suite: str, name: str) -> Callable[..., Any] | None:
         return None
     if not entry:
         return None
-    module, _, attr = entry.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return load_object(entry, f"{suite}.{name}")
 
 
 def hindsight_labeller(suite: str) -> Callable[..., Any] | None:
@@ -205,8 +224,7 @@ def hindsight_labeller(suite: str) -> Callable[..., Any] | None:
 
 def env_class(task: str) -> Callable[..., Any]:
     spec = get_task(task)
-    module, _, attr = spec.entry_point.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return load_object(spec.entry_point, f"{task}.entry_point")
 
 
 def make_env(task: str, **kwargs: Any):

@@ -24,7 +24,6 @@ held-out success on training wordings, with the ratio to the steered curve's), `
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import time
@@ -36,7 +35,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from embodied.core.errors import UnknownNameError
-from embodied.core.registry import get_task, make_env
+from embodied.core.registry import get_task, load_object, make_env
 from embodied.core.reward import RewardModel
 from embodied.runtime.checkpoints import check_trained_task, load_for_eval, policy_env_kwargs
 from embodied.runtime.evaluate import evaluate, pct, save_videos, write_json
@@ -128,12 +127,7 @@ class SteerRunConfig:
 
 def make_reward_model(spec: str, kwargs: dict[str, Any]) -> RewardModel:
     """Instantiate the ``RewardModel`` named by ``"module:Class"``."""
-    module, _, attr = spec.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward={spec!r}: cannot import it ({e})") from None
-    model = cls(**kwargs)
+    model = load_object(spec, "reward")(**kwargs)
     if not isinstance(model, RewardModel):
         raise ValueError(f"reward={spec!r} is a {type(model).__name__}, not an embodied.core.reward.RewardModel")
     return model

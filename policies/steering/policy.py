@@ -18,7 +18,6 @@ are looked up by name in ``ACTORS`` and imported lazily.
 from __future__ import annotations
 
 import abc
-import importlib
 import json
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -26,6 +25,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from embodied.core.errors import UnknownNameError
+from embodied.core.registry import load_object
 from embodied.core.policy import Policy, PolicyWrapper
 from policies.steering.noise import NoiseSpace, check_steerable, feature_dim, features
 
@@ -71,8 +71,7 @@ class NoiseActor(abc.ABC):
 def actor_class(kind: str) -> type[NoiseActor]:
     if kind not in ACTORS:
         raise UnknownNameError("noise actor kind", str(kind), list(ACTORS))
-    module, _, attr = ACTORS[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return load_object(ACTORS[kind], "noise actor kind")
 
 
 class SteeredPolicy(PolicyWrapper):
