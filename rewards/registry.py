@@ -20,9 +20,13 @@ REWARDS: dict[str, str] = {
 }
 
 
+#: settings of the ``reward:`` group that belong to the loop using the reward, not to the model
+LOOP_SETTINGS = ("success_threshold",)
+
+
 def make_reward(settings: Mapping[str, Any]) -> RewardModel:
-    """The reward model ``settings["name"]`` built from the other settings."""
-    settings = dict(settings)
+    """The reward model ``settings["name"]`` built from the other settings (``LOOP_SETTINGS`` aside)."""
+    settings = {k: v for k, v in settings.items() if k not in LOOP_SETTINGS}
     name = settings.get("name")
     if name not in REWARDS:
         raise UnknownNameError("reward model", str(name), list(REWARDS))

@@ -429,6 +429,58 @@ def test_steer_command_smoke(tmp_path):
     assert "reach" in json.loads((tmp_path / "eval/metrics.json").read_text())["per_task"]
 
 
+def test_suite_wide_control_run_and_its_checkpoint_round_trip_through_eval_play_and_serve(tmp_path):
+    """One noise policy for two tasks under the constant-reward control (episodes end at the
+    time limit); the steered checkpoint then evaluates, plays and serves like any other."""
+    import os
+    import time
+
+    from embodied.bridge.client import RemotePolicy
+    from embodied.runtime.evaluate import RowwisePolicy
+
+    ckpt = reach_checkpoint(tmp_path / "base", "flow", tasks=("reach", "push"))
+    run = tmp_path / "steer"
+    embodied("steer", f"checkpoint={ckpt}", "tasks=[reach,push]", "reward=constant", "env_steps=48", "num_envs=2",
+             "eval_every=0", "eval_episodes=1", "final_episodes=2", "videos=0", "steer.batch_size=8",
+             "steer.learning_starts=4", "steer.net_arch=[16,16]", f"hydra.run.dir={run}", cwd=tmp_path)
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["tasks"] == ["reach", "push"] and m["reward_kind"] == "control" and m["episode_end"] == "time limit"
+    assert set(m["per_task_after"]) == {"reach", "push"} and "| push |" in (run / "report.md").read_text()
+    steered = load_trained(run / "checkpoint", device="cpu")
+    assert isinstance(steered, SteeredPolicy)
+
+    embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach,push]", "episodes=2", "videos=0",
+             f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+    ev = json.loads((tmp_path / "eval/metrics.json").read_text())
+    for t in ("reach", "push"):  # the same seeds as the run's final evaluation: the same figures
+        assert ev["per_task"][t]["success_rate"] == m["per_task_after"][t]["success"]
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "play", f"checkpoint={run}/checkpoint", "task=push",
+                        "instruction=push the red block to the zone", f"hydra.run.dir={tmp_path}/play"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list((tmp_path / "play").rglob("*.mp4"))
+
+    out = tmp_path / "serve"
+    proc = subprocess.Popen([sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={run}/checkpoint", "port=0",
+                             "device=cpu", "duration_s=300", f"hydra.run.dir={out}"], cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "server.json").exists():
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "embodied serve did not start"
+            time.sleep(0.2)
+        remote = RemotePolicy(json.loads((out / "server.json").read_text())["url"])
+        rng = np.random.default_rng(0)
+        batch = {"state": rng.standard_normal((2, 2, steered.obs_spec.state_dim)).astype(np.float32),
+                 "instruction": ["reach the red target", "push the blue block to the zone"]}
+        assert np.array_equal(remote.predict_chunk(batch), RowwisePolicy(steered).predict_chunk(batch))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_steer_command_refuses_the_mlp_floor_and_bad_settings(tmp_path):
     ckpt = reach_checkpoint(tmp_path / "mlp", "mlp")
     r = embodied("steer", f"checkpoint={ckpt}", "task=reach", f"hydra.run.dir={tmp_path}/s", cwd=tmp_path, check=False)
