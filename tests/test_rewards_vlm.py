@@ -678,7 +678,7 @@ def _clip_resnet_with_trained_batchnorm() -> torch.nn.Module:
 @pytest.mark.parametrize("tower", ["resnet", "vit"])
 def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, tower):
     """The TorchScript-frozen tower (BatchNorm folded) scores as the eager one, at every batch size."""
-    from rewards.vlm.model import OnnxTower, inference_encoder
+    from rewards.vlm.export import OnnxTower, inference_encoder
 
     if tower == "resnet":
         fast = ClipReward(_clip_resnet_with_trained_batchnorm(), tiny_reward.text, tiny_reward.preprocess,
@@ -742,7 +742,7 @@ def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, towe
 def test_without_onnx_runtime_the_tower_is_frozen_by_torchscript(monkeypatch):
     """Where ONNX Runtime does not import, the tower still runs as a graph (TorchScript) that
     gives the eager embeddings; an unknown runtime name is an error naming the known ones."""
-    from rewards.vlm.model import inference_encoder
+    from rewards.vlm.export import inference_encoder
 
     model = _clip_resnet_with_trained_batchnorm()
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
@@ -761,7 +761,7 @@ def test_first_token_attention_pool_returns_what_open_clips_pool_returns():
     map size and any number of heads."""
     from open_clip.modified_resnet import AttentionPool2d
 
-    from rewards.vlm.model import FirstTokenAttentionPool
+    from rewards.vlm.export import FirstTokenAttentionPool
 
     torch.manual_seed(0)
     for spatial, dim, heads, out in ((2, 64, 8, 96), (3, 32, 1, 16), (4, 48, 6, 48)):
