@@ -18,7 +18,7 @@ import torch
 from scipy import stats
 
 from embodied.core.reward import RewardInputError, RewardModel, RewardOutput
-from rewards.preference import metrics as M
+from rewards import quality as M
 from rewards.preference.model import PreferenceReward, RewardConfig, bt_loss, text_features
 from rewards.preference.queries import schedule, select
 from rewards.preference.segments import Query, Segment, Trajectory, sample_pairs

@@ -8,7 +8,7 @@ Read top to bottom:
 - ``store``: the append-only, crash-safe label store reused across runs (``labels=PATH``);
 - ``teachers``: B-Pref's simulated teachers and a teacher from any frame-reading ``RewardModel``;
 - ``server``: the labelling page for a person, and the human teacher that waits on it;
-- ``metrics``: held-out preference accuracy, calibration (ECE), Spearman, AUROC.
+- held-out preference accuracy and calibration (ECE) are in the shared ``rewards.quality``.
 
 The loop that ties them to an environment and a learner is ``embodied.runtime.prefer``.
 """

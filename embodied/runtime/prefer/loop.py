@@ -29,12 +29,12 @@ from embodied.core.reward import RewardModel
 from embodied.runtime.prefer.config import LEARNERS, PreferConfig
 from embodied.runtime.prefer.quality import oracle_targets, reward_quality
 from embodied.runtime.prefer.ranking import RankingLearner, ranking_learner
-from rewards.preference import metrics as M
 from rewards.preference.model import PreferenceReward
 from rewards.preference.queries import schedule, select
 from rewards.preference.segments import Trajectory, sample_pairs
 from rewards.preference.store import LabelStore
 from rewards.preference.teachers import PRESETS, RewardModelTeacher, Teacher, make_simulated
+from rewards.quality import expected_calibration_error, preference_accuracy
 
 log = logging.getLogger("embodied.prefer")
 
@@ -189,8 +189,8 @@ def evaluate_reward(cfg: PreferConfig, run_dir: Path | None = None) -> dict[str,
         qs, ys = store.training_set()
         if qs:
             p = model.predict(qs).mean(0)
-            out["store_accuracy"] = M.preference_accuracy(p, np.array(ys))
-            out["store_ece"] = M.expected_calibration_error(p, np.array(ys))
+            out["store_accuracy"] = preference_accuracy(p, np.array(ys))
+            out["store_ece"] = expected_calibration_error(p, np.array(ys))
             out["store_labels"] = len(qs)
     out["policy"] = learner.evaluate(cfg.eval_episodes, model)
     return out

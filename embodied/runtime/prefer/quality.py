@@ -8,9 +8,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from embodied.runtime.prefer.episodes import trajectory_return
-from rewards.preference import metrics as M
 from rewards.preference.model import PreferenceReward
 from rewards.preference.segments import Query, Trajectory
+from rewards.quality import auroc, expected_calibration_error, preference_accuracy, spearman
 
 
 def oracle_targets(queries: Sequence[Query]) -> np.ndarray:
@@ -23,9 +23,9 @@ def reward_quality(model: PreferenceReward, pairs: Sequence[Query], targets: np.
     """Held-out preference accuracy, ECE, return Spearman and success AUROC of a learned reward."""
     p = model.predict(pairs).mean(0)
     learned = np.array([trajectory_return(model, t) for t in trajs])
-    return {"accuracy": M.preference_accuracy(p, targets), "ece": M.expected_calibration_error(p, targets),
-            "return_spearman": M.spearman(learned, [t.ret for t in trajs]),
-            "success_auroc": M.auroc(learned, [t.success for t in trajs])}
+    return {"accuracy": preference_accuracy(p, targets), "ece": expected_calibration_error(p, targets),
+            "return_spearman": spearman(learned, [t.ret for t in trajs]),
+            "success_auroc": auroc(learned, [t.success for t in trajs])}
 
 
 def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:
