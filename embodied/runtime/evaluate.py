@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from embodied.core.errors import UnknownNameError
+from embodied.core.files import write_json  # noqa: F401  (re-exported: the commands and steer import it here)
 from embodied.core.policy import Episode, Policy, PolicyWrapper, batch_row
 from embodied.core.registry import get_task, make_env
 from embodied.runtime.rollout import EpisodeResult, run_episodes, wilson_interval
@@ -247,14 +247,6 @@ def _row_noise(seed: int, row: Mapping[str, Any], shape: tuple[int, ...]) -> np.
         feed(k, row[k])
     rng = np.random.default_rng(int.from_bytes(h.digest(), "little"))
     return rng.standard_normal((1, *shape)).astype(np.float32)
-
-
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON atomically (a crash never leaves a half-written file)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=float))
-    os.replace(tmp, path)
 
 
 def _fmt(p: Mapping[str, Any] | None) -> str:
