@@ -15,7 +15,6 @@ ground-truth episode return, and success AUROC of the learned return.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from dataclasses import asdict, replace
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied.core.registry import get_task
+from embodied.core.registry import get_task, load_object
 from embodied.core.reward import RewardModel
 from embodied.runtime.prefer.config import LEARNERS, PreferConfig
 from embodied.runtime.prefer.quality import oracle_targets, reward_quality
@@ -43,12 +42,7 @@ def load_vlm(cfg: PreferConfig) -> RewardModel:
     """The VLM teacher's reward: a ``rewards.registry`` name with ``vlm_settings``, or
     ``module:factory`` called with them; it must read frames and may score ``cfg.task``'s suite."""
     if ":" in cfg.vlm_reward:
-        module, _, attr = cfg.vlm_reward.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"vlm_reward={cfg.vlm_reward!r} cannot be loaded: {e}") from None
-        model = factory(**cfg.vlm_settings)
+        model = load_object(cfg.vlm_reward, "vlm_reward")(**cfg.vlm_settings)
     else:
         from rewards.registry import make_reward
 
