@@ -35,9 +35,9 @@ CLI_CASES = 6  # cases also run through the real command line
 
 def commands() -> dict[str, type]:
     from embodied.commands.data import DataConfig
-    from embodied.runtime.bench import BenchConfig
+    from embodied.runtime.sim_bench import BenchConfig
     from embodied.runtime.collect import CollectConfig
-    from embodied.runtime.eval import EvalConfig
+    from embodied.runtime.eval_job import EvalConfig
     from embodied.runtime.play import PlayConfig
     from embodied.runtime.train import TrainConfig
 
@@ -54,9 +54,9 @@ ACCEPTED = {
        for cmd in ("eval", "collect")},
     ("train", "policy.openclip_checkpoint", "unknown"): "a path read only with text_encoder=openclip (policies/ "
                                                        "names a missing file when it loads it)",
-    **{("bench", "tasks", kind): "BenchConfig (runtime/bench.py) does not check its tasks; bench names a bad one "
+    **{("bench", "tasks", kind): "BenchConfig (runtime/sim_bench.py) does not check its tasks; bench names a bad one "
        "when it starts, with exit status 2 (embodied.core.registry)" for kind in ("type", "empty", "unknown")},
-    **{("bench", "policy_families", kind): "BenchConfig (runtime/bench.py) does not check its families; bench_policy "
+    **{("bench", "policy_families", kind): "BenchConfig (runtime/sim_bench.py) does not check its families; policy_bench "
        "names an unknown one when its section starts" for kind in ("type", "empty", "unknown")},
     **{("train", "policy.openclip_model", kind): "the open_clip architecture, read only with text_encoder=openclip "
        "(policies/common/text.py names a bad one when it builds the encoder)" for kind in ("empty", "unknown")},

@@ -4,7 +4,7 @@
     embodied robot run robot=remote robot.url=ws://ROBOT:8766 url=ws://GPU:8000 loop.rate_hz=20
     embodied robot run robot=sim checkpoint=RUN/checkpoint              # the policy in this process
     embodied robot run ... loop.mode=lockstep loop.rate_hz=0            # Policy.act step for step
-    embodied robot bench [--help]           # latency and loop-jitter benchmark (embodied.bridge.bench)
+    embodied robot bench [--help]           # latency and loop-jitter benchmark (embodied.bridge.latency)
     embodied robot sim-server --task reach  # a simulated robot as its own process (embodied.bridge.drivers.sim)
 
 ``run`` connects to the robot (``configs/robot/<name>.yaml``) and to the policy (``url=``,
@@ -260,7 +260,7 @@ def main() -> None:
         sys.argv = [f"{sys.argv[0]} run", *rest]
         _run()
     elif sub == "bench":
-        from embodied.bridge.bench import main as bench
+        from embodied.bridge.latency import main as bench
 
         bench(rest)
     elif sub == "sim-server":

@@ -122,7 +122,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from embodied.runtime.collect import check_image_args
         from embodied.runtime.data import ON_CORRUPT
-        from embodied.runtime.eval import check_device
+        from embodied.runtime.eval_job import check_device
 
         for name in ("demos", "steps", "batch_size", "eval_episodes", "eval_episodes_periodic", "save_every",
                      "num_envs"):

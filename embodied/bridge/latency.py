@@ -1,8 +1,8 @@
 """Bridge benchmark: round-trip latency on loopback and the control loop's period jitter.
 
-    python -m embodied.bridge.bench                      # also: embodied robot bench
-    python -m embodied.bridge.bench --requests 1000 --loop-steps 500 --out bench.json
-    python -m embodied.bridge.bench --url ws://127.0.0.1:8000 --state-dim 39   # a running server
+    python -m embodied.bridge.latency                      # also: embodied robot bench
+    python -m embodied.bridge.latency --requests 1000 --loop-steps 500 --out bench.json
+    python -m embodied.bridge.latency --url ws://127.0.0.1:8000 --state-dim 39   # a running server
 
 Without ``--url`` a policy server with a constant policy (no inference cost: what is
 measured is the bridge) runs in a child process, so client and server do not share an
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url, image_url = args.url, args.url
     try:
         if not url:
-            child = subprocess.Popen([sys.executable, "-m", "embodied.bridge.bench", "--serve",
+            child = subprocess.Popen([sys.executable, "-m", "embodied.bridge.latency", "--serve",
                                       "--state-dim", str(args.state_dim), "--action-dim", str(args.action_dim),
                                       "--image-size", str(args.image_size), "--horizon", str(args.horizon)],
                                      stdout=subprocess.PIPE, text=True)
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    p = argparse.ArgumentParser(prog="python -m embodied.bridge.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m embodied.bridge.latency", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="", help="bench this server instead of a local constant-policy one")
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--loop-steps", type=int, default=250, help="control-loop steps (0: skip)")
