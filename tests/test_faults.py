@@ -222,7 +222,8 @@ def test_a_command_never_writes_over_another_commands_results(tmp_path):
 
 
 def test_an_empty_instruction_list_is_an_error(tmp_path):
-    from embodied.commands.app import compose, user_error
+    from embodied.commands.app import compose
+    from embodied.commands.user_errors import user_error
     from embodied.core.registry import make_env
     from embodied.runtime.eval_job import EvalConfig, load_instructions
 
