@@ -30,4 +30,4 @@ def make_reward(settings: Mapping[str, Any]) -> RewardModel:
     name = settings.get("name")
     if name not in REWARDS:
         raise UnknownNameError("reward model", str(name), list(REWARDS))
-    return load_object(REWARDS[name], f"reward {name}")(settings)
+    return load_object(REWARDS[name], f"reward {name!r}")(settings)

@@ -297,7 +297,8 @@ def test_synthetic_wordings_and_turned_frames_change_the_fit_only_when_asked():
 
 
 def test_weight_average_follows_the_trained_weights_with_its_decay():
-    from rewards.vlm.fit import CaptionedFrames, FitSettings, WeightAverage, fit_image_tower
+    from embodied.nn.average import WeightAverage
+    from rewards.vlm.fit import CaptionedFrames, FitSettings, fit_image_tower
     from rewards.vlm.text import MiniLMText
 
     # the average itself: m <- d m + (1 - d) w after each step, written back on request

@@ -127,7 +127,7 @@ def run_group(policy: Policy | str, task: str, split: str, custom: Sequence[str]
     With ``vector="sync"`` the episodes play one after another in a single environment
     when the policy acts one row at a time (the expert, or a ``RowwisePolicy`` over a policy
     without ``batches_rows``): more in-process environments would batch nothing and only
-    add construction time (see docs/results.md).
+    add construction time.
     """
     if vector == "sync" and (policy == "expert" or (isinstance(policy, RowwisePolicy)
                                                     and not getattr(policy.policy, "batches_rows", False))):
