@@ -473,7 +473,7 @@ def test_suite_wide_control_run_and_its_checkpoint_round_trip_through_eval_play_
             time.sleep(0.2)
         remote = RemotePolicy(json.loads((out / "server.json").read_text())["url"])
         rng = np.random.default_rng(0)
-        batch = {"state": rng.standard_normal((2, 2, steered.obs_spec.state_dim)).astype(np.float32),
+        batch = {"state": rng.standard_normal((2, 2, steered.unwrapped.obs_spec.state_dim)).astype(np.float32),
                  "instruction": ["reach the red target", "push the blue block to the zone"]}
         assert np.array_equal(remote.predict_chunk(batch), RowwisePolicy(steered).predict_chunk(batch))
     finally:
