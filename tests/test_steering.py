@@ -553,7 +553,8 @@ def test_steer_command_takes_a_learned_reward_by_name_and_refuses_an_unknown_one
 
     cfg = compose("steer", SteerRunConfig, ["checkpoint=c", "task=reach", "reward=prefer",
                                             f"reward.path={tmp_path / 'reward.pt'}"])
-    assert cfg.reward == {"name": "prefer", "path": str(tmp_path / "reward.pt"), "shift": "none"}
+    assert cfg.reward == {"name": "prefer", "path": str(tmp_path / "reward.pt"), "shift": "none",
+                          "success_threshold": None}
     with pytest.raises(UnknownNameError, match="shaped"):
         SteerRunConfig(checkpoint="c", task="reach", reward={"name": "shaped"})
 
