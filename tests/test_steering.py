@@ -546,6 +546,18 @@ def test_steer_command_takes_the_task_rewards_from_the_reward_group(override, wa
     assert cfg.reward == want
 
 
+def test_steer_command_takes_a_suite_by_name_and_lists_the_suites_for_an_unknown_one():
+    from hydra.errors import MissingConfigException
+
+    from embodied.commands.app import compose
+    from embodied.runtime.steer import SteerRunConfig
+
+    cfg = compose("steer", SteerRunConfig, ["checkpoint=c", "suite=manipulation"])
+    assert (cfg.suite, cfg.task, cfg.tasks) == ("manipulation", "", [])
+    with pytest.raises(MissingConfigException, match="navigation"):
+        compose("steer", SteerRunConfig, ["checkpoint=c", "suite=nope"])
+
+
 def test_steer_command_takes_a_learned_reward_by_name_and_refuses_an_unknown_one(tmp_path):
     from embodied.commands.app import compose
     from embodied.core.errors import UnknownNameError
