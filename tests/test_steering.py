@@ -366,6 +366,28 @@ def test_steered_policy_round_trips_through_save_load(tmp_path, algo):
     assert not isinstance(load_trained(tmp_path / "ckpt", device="cpu"), SteeredPolicy)
 
 
+def test_a_steered_policy_batches_evaluation_rows_bitwise_as_each_row_alone():
+    from embodied.runtime.evaluate import RowwisePolicy
+
+    p = tiny()
+    sp = space(p)
+
+    class FeatureActor:  # noise that depends on each row's features
+        kind = "feature"
+
+        def __call__(self, feats):
+            return np.stack([np.tanh(np.resize(f, sp.dim)) for f in np.asarray(feats, np.float32)])
+
+    steered = SteeredPolicy(p, FeatureActor(), sp)
+    assert steered.batches_rows
+    ob = obs_batch(5, seed=3)
+    alone = np.concatenate([steered.predict_chunk({"state": ob["state"][i:i + 1], "instruction": ob["instruction"][i:i + 1]})
+                            for i in range(5)])
+    assert np.array_equal(steered.predict_rows(ob), alone)
+    assert np.array_equal(RowwisePolicy(steered).predict_chunk(ob), alone)
+    assert not np.array_equal(alone[0], alone[1])  # the rows were steered differently
+
+
 def test_the_mlp_floor_cannot_be_steered():
     with pytest.raises(NotSteerableError, match="cannot be steered.*generative=False.*flow or diffusion"):
         check_steerable(tiny("mlp"))

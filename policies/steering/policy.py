@@ -26,7 +26,7 @@ import numpy as np
 
 from embodied.core.errors import UnknownNameError
 from embodied.core.registry import load_object
-from embodied.core.policy import Policy, PolicyWrapper
+from embodied.core.policy import Policy, PolicyWrapper, batch_row
 from policies.steering.noise import NoiseSpace, check_steerable, feature_dim, features
 
 STEERING_FILE = "steering.json"
@@ -100,6 +100,22 @@ class SteeredPolicy(PolicyWrapper):
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
         """(B, H, Da) chunk of the base policy from the actor's noise; ``noise`` is ignored."""
         return self.policy.predict_chunk(obs_batch, self.space.to_chunk(self.noise(obs_batch)))
+
+    @property
+    def batches_rows(self) -> bool:
+        """Whether ``predict_rows`` batches the rows: when the policy beneath does."""
+        return bool(getattr(self.policy, "batches_rows", False))
+
+    def predict_rows(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
+        """``predict_chunk`` of each row as if it were alone, bitwise (the contract of the base
+        policy's ``predict_rows``): the actor's noise is computed row by row (a small network),
+        and the base policy decodes all rows in one ``predict_rows`` call. ``noise`` is ignored."""
+        b = len(obs_batch["instruction"])
+        rows = [batch_row(obs_batch, i) for i in range(b)]
+        if not self.batches_rows:
+            return np.concatenate([self.predict_chunk(row) for row in rows])
+        w = np.concatenate([self.noise(row) for row in rows])
+        return np.asarray(self.policy.predict_rows(obs_batch, self.space.to_chunk(w)))  # type: ignore[attr-defined]
 
     def save_steering(self, path: str | Path) -> None:
         """Write ``steering.json`` and ``steering.safetensors`` into checkpoint folder ``path``."""
