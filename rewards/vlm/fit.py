@@ -166,7 +166,7 @@ class FitSettings:
     rank_margin: float = 0.02  # label difference below which a pair is not ranked
     # share of wording slots filled with a synthetic paraphrase (ParaphraseNoise: a goal's mean text
     # embedding plus a draw of the training wordings' pooled covariance); 0: none. Evidence for the
-    # default: docs/results/vlm-rewards-manipulation.md
+    # default: docs/results/vlm-rewards-manipulation.md#synthetic-paraphrases-in-the-fit-fitsynthetic_wordings-not-kept
     synthetic_wordings: float = 0.0
     # weight of the hindsight-caption loss (data.hindsight): every frame of a batch against every
     # other goal its scene could have been given, pointwise and, with rank_weight, ranked within

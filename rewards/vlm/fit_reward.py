@@ -42,7 +42,7 @@ class RewardFitConfig:
     # open_clip architecture: a built-in name plus overrides of its config. The default is CLIP's
     # ResNet (open_clip's ModifiedResNet, as in RN50) shrunk for CPU speed: one bottleneck block
     # per stage, width 8, attention pooling, at 64x64. On these frames it learnt faster than a
-    # ViT of the same speed (docs/results/vlm-rewards.md).
+    # ViT of the same speed (docs/results/vlm-rewards.md#what-was-tried-and-what-was-kept).
     arch: str = "RN50"
     vision: dict[str, Any] = field(default_factory=lambda: {"image_size": 64, "layers": [1, 1, 1, 1], "width": 8,
                                                             "head_width": 8})

@@ -48,7 +48,8 @@ def time_progress(step: np.ndarray, episode: np.ndarray, first_success: np.ndarr
     fraction of a successful demonstration); it rises where a task's dense reward is flat, as
     Meta-World's is for most of the approach of drawer-close and the window tasks. The label is
     monotone along every successful episode (a max with the dense reward would bring back the
-    dense reward's spikes and dips); evidence in docs/results/vlm-rewards-metaworld.md.
+    dense reward's spikes and dips); evidence in
+    docs/results/vlm-rewards-metaworld.md#time-labels-label_progresstime.
     """
     first = np.asarray(first_success, np.int64)[np.asarray(episode)]
     dense = np.clip(np.asarray(gt_reward, np.float64), 0.0, 1.0)
