@@ -1,6 +1,6 @@
 """Bad input at the boundaries gets a clear error that names the problem, not a raw traceback:
 damaged checkpoints, devices that do not exist here, observations that change shape or carry
-NaN mid-episode; and runs that cannot lie (issue 14): a rerun resumes only the same run and never
+NaN mid-episode; and runs that cannot lie: a rerun resumes only the same run and never
 goes back, no command writes over another's results, settings without effect are refused, Ctrl-C
 says what was kept."""
 
@@ -102,7 +102,7 @@ def test_negative_seeds_are_refused_and_leave_nothing_behind(tmp_path, args, mes
     assert not (tmp_path / "ds").exists()
 
 
-# ---- runs that cannot lie (issue 14) --------------------------------------------------------------
+# ---- runs that cannot lie -------------------------------------------------------------------------
 
 TINY = ("tasks=[reach]", "demos=2", "eval_episodes=1", "num_envs=1", "videos=0", "threads=1", "workers=1",
         "batch_size=8", "save_every=2", "snapshot_every=2", "policy=mlp", "progress=false")

@@ -1,4 +1,4 @@
-"""The labelling page (issue 17): its HTTP API, and end to end in headless Chromium — answer by key
+"""The labelling page: its HTTP API, and end to end in headless Chromium — answer by key
 press, the server killed part-way and restarted, every answer on disk, the page resuming.
 
 Chromium and its driver come from Debian (``apt-get install -y chromium chromium-driver``) and

@@ -1,4 +1,4 @@
-"""A learned preference reward used by the policy learners (issue 17): loading it for steering and
+"""A learned preference reward used by the policy learners: loading it for steering and
 reward eval, the states it reads there, and the errors for a missing or foreign file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Preference-based reward learning (issue 17): teachers' statistics, the label store's crash-safety
+"""Preference-based reward learning: teachers' statistics, the label store's crash-safety
 and error reporting, Bradley–Terry training, query selection, metrics and the ``embodied prefer`` loop."""
 
 from __future__ import annotations

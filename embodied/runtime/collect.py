@@ -61,7 +61,7 @@ class CollectConfig:
     # out/quarantine/ and go on); `embodied data repair path=...` does the last without collecting
     on_corrupt: str = "raise"
     progress: bool = True
-    runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
+    runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/runtime/distributed.py)
     workers: int = 1  # runner=local: worker processes (0: one per CPU core); the same dataset either way
     ray_address: str = ""  # runner=ray: "" starts Ray here; "auto" or HOST:PORT joins a running cluster
     ray_num_cpus: int = 0  # runner=ray, local instance: CPUs (0: all)

@@ -76,7 +76,7 @@ class EvalConfig:
     ground_instructions: Optional[bool] = None  # null: the checkpoint's setting (policies.common.grounding)
     device: str = "auto"
     progress: bool = True
-    runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/distributed.py)
+    runner: str = "local"  # local | ray: episodes sharded over Ray workers (embodied/runtime/distributed.py)
     workers: int = 1  # runner=local: worker processes (>1 needs checkpoint=PATH; 0: one per CPU core)
     ray_address: str = ""  # runner=ray: "" starts Ray here; "auto" or HOST:PORT joins a running cluster
     ray_num_cpus: int = 0  # runner=ray, local instance: CPUs (0: all)

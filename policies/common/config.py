@@ -179,7 +179,8 @@ class DenoiserConfig(PolicyConfig):
 
     Attributes:
         net: ``"mlp"`` (FiLM residual MLP over the flattened chunk; the default: its training
-            step costs far less on a CPU than the U-Net's; see docs/results/policies.md) or
+            step costs far less on a CPU than the U-Net's; see
+            docs/results/policies.md#speed-what-each-design-choice-saves) or
             ``"unet"`` (1-D temporal conv U-Net with FiLM, as in Diffusion Policy; for long
             smooth chunks, pixels, or a GPU).
         hidden: width of the MLP denoiser.

@@ -28,9 +28,10 @@ class RewardEvalConfig:
     tasks: list[str] = field(default_factory=list)
     # reward=clip (config group configs/reward/): any model of rewards.registry
     reward: dict[str, Any] = field(default_factory=lambda: {"name": "clip"})
-    # held-out seeds and wordings: 40 seeds per task (40 successful expert episodes for VOC); with 10
-    # the per-task figures of one checkpoint moved by up to 0.05 AUROC and 0.2 VOC (docs/results.md,
-    # issue 16, eighth round). A suite may choose otherwise in configs/reward_eval_suite/<suite>.yaml
+    # held-out seeds and wordings: 40 seeds per task (40 successful expert episodes for VOC; 10 give
+    # loose per-task figures, see
+    # docs/results/vlm-rewards-navigation.md#instructions-read-clause-by-clause-and-a-40-seed-held-out-bank).
+    # A suite may choose otherwise in configs/reward_eval_suite/<suite>.yaml
     bank: BankConfig = field(default_factory=lambda: BankConfig(seeds=40, seed=1_000_000, split="heldout"))
     image_size: int = 64  # frame side for a reward that reads any size
     # sensitivity to alpha (the goal-baseline projection, with the reward's own baselines)

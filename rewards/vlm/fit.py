@@ -164,9 +164,9 @@ class FitSettings:
     state_weight: float = 1.0  # weight of the auxiliary state regression (0: none)
     rank_weight: float = 1.0  # weight of the within-episode ranking loss (0: none)
     rank_margin: float = 0.02  # label difference below which a pair is not ranked
-    # share of wording slots filled with a synthetic paraphrase (ParaphraseNoise). Default 0 (none):
-    # 0.5 lifted pick's held-out-wording VOC on manipulation but lowered stack's AUROC and the
-    # validation bank's VOC (docs/results.md, issue 16 fifth round)
+    # share of wording slots filled with a synthetic paraphrase (ParaphraseNoise: a goal's mean text
+    # embedding plus a draw of the training wordings' pooled covariance); 0: none. Evidence for the
+    # default: docs/results/vlm-rewards-manipulation.md#synthetic-paraphrases-in-the-fit-fitsynthetic_wordings-not-kept
     synthetic_wordings: float = 0.0
     # weight of the hindsight-caption loss (data.hindsight): every frame of a batch against every
     # other goal its scene could have been given, pointwise and, with rank_weight, ranked within

@@ -42,7 +42,7 @@ class RewardFitConfig:
     # open_clip architecture: a built-in name plus overrides of its config. The default is CLIP's
     # ResNet (open_clip's ModifiedResNet, as in RN50) shrunk for CPU speed: one bottleneck block
     # per stage, width 8, attention pooling, at 64x64. On these frames it learnt faster than a
-    # ViT of the same speed (see the report).
+    # ViT of the same speed (docs/results/vlm-rewards.md#what-was-tried-and-what-was-kept).
     arch: str = "RN50"
     vision: dict[str, Any] = field(default_factory=lambda: {"image_size": 64, "layers": [1, 1, 1, 1], "width": 8,
                                                             "head_width": 8})
@@ -70,7 +70,7 @@ class RewardFitConfig:
     # that it reaches 1 at the dense reward's maximum (labels rise from 0 along every episode);
     # "time" = in an episode that succeeds, the elapsed fraction up to its first success
     # (step / first success step, 1 from the success on), the dense reward in the others
-    # (time_progress: a progress label that rises where the dense reward is flat, issue 16)
+    # (time_progress: a progress label that rises where the dense reward is flat)
     label_progress: str = "dense"
     # hindsight captions: also label every frame for every other goal the suite's tasks could have
     # given in its episode's scene (from the suite's ground truth, SuiteSpec.hindsight), so the

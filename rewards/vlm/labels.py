@@ -46,11 +46,10 @@ def time_progress(step: np.ndarray, episode: np.ndarray, first_success: np.ndarr
 
     This is how progress estimators trained on demonstrations label frames (the elapsed
     fraction of a successful demonstration); it rises where a task's dense reward is flat, as
-    Meta-World's is for most of the approach of drawer-close and the window tasks (issue 16).
-    max(elapsed fraction, dense reward) was tried on MT10 and scored alike (docs/results.md,
-    MT10, "time labels"): where the dense reward is flat and low the two are equal, and
-    elsewhere the max brings back the dense reward's spikes and dips. The plain fraction is
-    kept as the simpler label, monotone along every successful episode.
+    Meta-World's is for most of the approach of drawer-close and the window tasks. The label is
+    monotone along every successful episode (a max with the dense reward would bring back the
+    dense reward's spikes and dips); evidence in
+    docs/results/vlm-rewards-metaworld.md#time-labels-label_progresstime.
     """
     first = np.asarray(first_success, np.int64)[np.asarray(episode)]
     dense = np.clip(np.asarray(gt_reward, np.float64), 0.0, 1.0)

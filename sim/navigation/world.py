@@ -28,7 +28,8 @@ read) show the path the robot has driven since reset as magenta discs on the flo
 once the robot came near the avoided ball, which the robot's current position alone does not
 show). Only the drawn scene changes: observation images (what pixel policies read) and the
 simulation are the same either way. Off by default: the CLIP reward fitted on frames with the
-trail scores the navigation suite worse on the whole (see docs/results/vlm-rewards.md). A reward
+trail scores the navigation suite worse on the whole (see
+docs/results/vlm-rewards-navigation.md#a-trail-of-the-path-in-the-frames-trailtrue-not-kept). A reward
 fitted on frames with the trail must be used on such frames.
 
 Reward terms (each in [0, 1]):
