@@ -136,11 +136,14 @@ def test_the_steer_learner_queries_the_checkpoints_episodes_and_steers_with_the_
     m = prefer.run_prefer(steer_prefer_config(tmp_path), tmp_path)
     assert seen == ["checkpoint"] * 5  # every query (and held-out) episode is the checkpoint's own
     assert {"policy_accuracy", "policy_return_spearman", "accuracy"} <= set(m["curve"][-1])
-    (learned_cfg, learned_out, learned_r), (gt_cfg, gt_out, gt_r) = runs
+    (learned_cfg, learned_out, learned_r), (gt_cfg, gt_out, gt_r), (ctl_cfg, ctl_out, ctl_r) = runs
     assert isinstance(learned_r, PreferenceReward) and learned_r.shift == 1.0 and gt_r == "sparse"
+    assert ctl_r == {"name": "constant", "value": 0.0}  # the control, under the learned reward's episode ends
     assert learned_out == tmp_path / "steer_learned" and gt_out == tmp_path / "steer_ground_truth"
+    assert ctl_out == tmp_path / "steer_control"
     for key in ("checkpoint", "task", "env_steps", "seed", "final_episodes", "steer"):
-        assert getattr(learned_cfg, key) == getattr(gt_cfg, key), key  # the same seeds, settings and budget
+        for other in (gt_cfg, ctl_cfg):  # the same seeds, settings and budget
+            assert getattr(learned_cfg, key) == getattr(other, key), key
     assert learned_cfg.steer.utd == 2 and learned_cfg.final_episodes == 3
     p = m["policy"]
     assert p["success_learned"] == 0.81 and p["success_ground_truth"] == 0.9 and abs(p["ratio"] - 0.9) < 1e-9

@@ -16,6 +16,7 @@ from rewards.preference.teachers import PRESETS
 
 ACTIONS = ("run", "eval", "plot")
 TEACHERS = (*PRESETS, "vlm", "human")
+DEFAULT_TASK = "press-button"  # the task when none of task=, tasks=, suite= is given (the figures' recipe)
 
 
 @dataclass
@@ -23,7 +24,11 @@ class PreferConfig:
     """Schema of ``configs/prefer.yaml``."""
 
     action: str = "run"  # run | eval | plot
-    task: str = "press-button"
+    # the tasks, one of: task=NAME (default press-button), tasks=[A,B,...] or suite=NAME (all its tasks).
+    # Several tasks learn one reward for all of them, the instruction in its input (reward.text)
+    task: str = ""
+    tasks: list[str] = field(default_factory=list)
+    suite: str = ""
     teacher: str = "oracle"  # a B-Pref preset (oracle, stochastic, mistake, skip, equal, myopic), vlm or human
     beta: Optional[float] = None  # override the preset's rationality (B-Pref β)
     gamma: Optional[float] = None  # ... its myopic discount
@@ -49,7 +54,11 @@ class PreferConfig:
     steer_env_steps: int = 10_000  # learner=steer: env steps of steering, with the learned and the ground-truth reward
     steer_ground_truth: str = "sparse"  # learner=steer: the ground-truth reward it is compared with (sparse | dense)
     steer_reference: str = ""  # learner=steer: a finished ground-truth `embodied steer` run to reuse (same settings)
+    # learner=steer: also steer with the constant reward under the same episode ends (time limit
+    # only), the control a learned-reward result stands beside
+    steer_control: bool = True
     steer_eval_every: int = 2500  # learner=steer: env steps between evaluations of the curve
+    steer_eval_episodes: int = 20  # learner=steer: episodes per task and wording split at each curve point
     steer: dict[str, Any] = field(default_factory=lambda: {"utd": 2})  # learner=steer: SteerConfig fields
     pebble_unsup_steps: int = 1000  # learner=pebble: env steps of unsupervised pre-training (state entropy)
     pebble_knn: int = 5  # learner=pebble: k of the k-NN particle entropy estimate
@@ -71,6 +80,15 @@ class PreferConfig:
     out: str = ""  # action=plot: the figure's path; default <run dir>/curve.png
 
     def __post_init__(self) -> None:
+        given = [k for k in ("task", "tasks", "suite") if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError("give one of task=NAME, tasks=[A,B,...] or suite=NAME (the tasks to learn a reward "
+                             f"for), got {' and '.join(given)}")
+        if not given:
+            self.task = DEFAULT_TASK
+        self.tasks = list(self.tasks)
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks={self.tasks} names a task twice: give each task once")
         check_choice("action", self.action, ACTIONS)
         check_choice("teacher", self.teacher, TEACHERS)
         check_choice("learner", self.learner, tuple(LEARNERS))
@@ -100,10 +118,13 @@ class PreferConfig:
                 raise ValueError("learner=steer needs checkpoint=RUN/checkpoint (a flow or diffusion policy of "
                                  "`embodied train`)")
             check_choice("steer_ground_truth", self.steer_ground_truth, ("sparse", "dense"))
-            if self.steer_env_steps < 1 or self.steer_eval_every < 0:
-                raise ValueError(f"steer_env_steps must be >= 1 and steer_eval_every >= 0, got "
-                                 f"{self.steer_env_steps}, {self.steer_eval_every}")
+            if self.steer_env_steps < 1 or self.steer_eval_every < 0 or self.steer_eval_episodes < 1:
+                raise ValueError(f"steer_env_steps and steer_eval_episodes must be >= 1 and steer_eval_every >= 0, "
+                                 f"got {self.steer_env_steps}, {self.steer_eval_episodes}, {self.steer_eval_every}")
         if self.learner == "pebble":
+            if len(self.tasks) > 1 or self.suite:
+                raise ValueError("learner=pebble trains SAC in one task's action space: give task=NAME (several "
+                                 "tasks learn one reward with learner=steer or learner=ranking)")
             check_choice("pebble_ground_truth", self.pebble_ground_truth, ("sparse", "dense"))
             if self.pebble_unsup_steps < 0 or self.pebble_knn < 1 or self.pebble_learning_starts < 0:
                 raise ValueError(f"pebble_unsup_steps and pebble_learning_starts must be >= 0 and pebble_knn >= 1, got "
@@ -112,6 +133,18 @@ class PreferConfig:
             if self.reward.input != "state":
                 raise ValueError(f"learner={self.learner} learns with a state reward (the privileged state of each "
                                  f"step): reward.input must be 'state', got {self.reward.input!r}")
+
+    @property
+    def task_names(self) -> list[str]:
+        """The run's tasks: ``[task]``, ``tasks`` or the suite's (each checked against the registry)."""
+        from embodied.core.registry import resolve_tasks
+
+        return resolve_tasks(self.suite or None, self.tasks or ([self.task] if self.task else None))
+
+    @property
+    def task_label(self) -> str:
+        """The tasks as one label for metrics and figures: the task, the suite or ``a,b,...``."""
+        return self.task or self.suite or ",".join(self.tasks)
 
     @property
     def needs_frames(self) -> bool:

@@ -11,6 +11,12 @@ One round (PEBBLE's loop, with the learner behind ``Learner``):
 Held-out quality (per round, in ``metrics.json["curve"]``): preference accuracy and ECE on
 pairs from held-out episodes labelled by the exact ground truth, Spearman of learned vs
 ground-truth episode return, and success AUROC of the learned return.
+
+Several tasks (``tasks=[...]`` or ``suite=NAME``) learn one reward for all of them: the learner's
+episodes are spread over the tasks (each records its task), a query's two segments always come
+from one task (``sample_pairs(by="task")``), the reward reads the instruction as the frozen MiniLM
+sentence embedding (``reward.text=auto`` picks it), and per-task held-out quality is recorded
+beside the pooled figures (``per_task``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from rewards.preference.episodes import trajectory_return
 from rewards.preference.model import PreferenceReward
 from rewards.preference.queries import schedule, select
 from rewards.preference.ranking import RankingLearner, ranking_learner
-from rewards.preference.segments import Query, Trajectory, sample_pairs
+from rewards.preference.segments import Query, Segment, Trajectory, sample_pairs
 from rewards.preference.store import LabelStore
 from rewards.preference.teachers import PRESETS, RewardModelTeacher, Teacher, make_simulated
 from rewards.quality import auroc, expected_calibration_error, preference_accuracy, spearman
@@ -43,19 +49,38 @@ def oracle_targets(queries: Sequence[Query]) -> np.ndarray:
     return np.array([0.5 if q.left.ret == q.right.ret else float(q.right.ret > q.left.ret) for q in queries])
 
 
+def task_of(x: Trajectory | Segment, default: str) -> str:
+    """The task a trajectory or segment was played in (``info["task"]``; ``default`` for a learner
+    that plays one task and does not record it)."""
+    return str(x.info.get("task", default))
+
+
 def reward_quality(model: PreferenceReward, pairs: Sequence[Query], targets: np.ndarray,
-                   trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Held-out preference accuracy, ECE, return Spearman and success AUROC of a learned reward."""
+                   trajs: Sequence[Trajectory], tasks: Sequence[str] = ()) -> dict[str, Any]:
+    """Held-out preference accuracy, ECE, return Spearman and success AUROC of a learned reward;
+    with several ``tasks`` also each task's accuracy and return Spearman (``per_task``: the pooled
+    Spearman mixes tasks whose returns have different scales)."""
     p = model.predict(pairs).mean(0)
     learned = np.array([trajectory_return(model, t) for t in trajs])
-    return {"accuracy": preference_accuracy(p, targets), "ece": expected_calibration_error(p, targets),
-            "return_spearman": spearman(learned, [t.ret for t in trajs]),
-            "success_auroc": auroc(learned, [t.success for t in trajs])}
+    truth = np.array([t.ret for t in trajs])
+    out: dict[str, Any] = {"accuracy": preference_accuracy(p, targets), "ece": expected_calibration_error(p, targets),
+                           "return_spearman": spearman(learned, truth),
+                           "success_auroc": auroc(learned, [t.success for t in trajs])}
+    if len(tasks) > 1:
+        per: dict[str, dict[str, float | None]] = {}
+        for task in tasks:
+            q = np.array([task_of(x.left, tasks[0]) == task for x in pairs], bool)
+            e = np.array([task_of(t, tasks[0]) == task for t in trajs], bool)
+            per[task] = {"pairs": int(q.sum()),
+                         "accuracy": preference_accuracy(p[q], targets[q]) if q.any() else None,
+                         "return_spearman": spearman(learned[e], truth[e]) if e.sum() > 1 else None}
+        out["per_task"] = per
+    return out
 
 
 def load_vlm(cfg: PreferConfig) -> RewardModel:
     """The VLM teacher's reward: a ``rewards.registry`` name with ``vlm_settings``, or
-    ``module:factory`` called with them; it must read frames and may score ``cfg.task``'s suite."""
+    ``module:factory`` called with them; it must read frames and may score the suites of the run's tasks."""
     if ":" in cfg.vlm_reward:
         model = load_object(cfg.vlm_reward, "vlm_reward")(**cfg.vlm_settings)
     else:
@@ -64,14 +89,16 @@ def load_vlm(cfg: PreferConfig) -> RewardModel:
         model = make_reward({"name": cfg.vlm_reward, **cfg.vlm_settings})
     if not isinstance(model, RewardModel):
         raise ValueError(f"vlm_reward={cfg.vlm_reward!r} gave a {type(model).__name__}, not a RewardModel")
-    model.check_suite(get_task(cfg.task).suite)
+    for suite in sorted({get_task(t).suite for t in cfg.task_names}):
+        model.check_suite(suite)
     return model
 
 
-def make_teacher(cfg: PreferConfig, margin: float, server: Any = None, vlm: RewardModel | None = None) -> Teacher:
+def make_teacher(cfg: PreferConfig, margin: float, server: Any = None, vlm: RewardModel | None = None,
+                 seed: int | None = None) -> Teacher:
     if cfg.teacher in PRESETS:
-        return make_simulated(cfg.teacher, margin, cfg.seed, beta=cfg.beta, gamma=cfg.gamma, eps=cfg.eps,
-                              skip=cfg.skip, equal=cfg.equal)
+        return make_simulated(cfg.teacher, margin, cfg.seed if seed is None else seed, beta=cfg.beta,
+                              gamma=cfg.gamma, eps=cfg.eps, skip=cfg.skip, equal=cfg.equal)
     if cfg.teacher == "vlm":
         return RewardModelTeacher(vlm if vlm is not None else load_vlm(cfg), cfg.abstain)
     from rewards.preference.server import HumanTeacher
@@ -79,12 +106,27 @@ def make_teacher(cfg: PreferConfig, margin: float, server: Any = None, vlm: Rewa
     return HumanTeacher(server)
 
 
+def check_dims(envs: dict[str, Any]) -> tuple[int, int]:
+    """(state size, action size) shared by the tasks' envs; one reward reads one layout."""
+    dims = {t: (len(e.unwrapped.privileged_state()), int(e.action_space.shape[0])) for t, e in envs.items()}
+    if len(set(dims.values())) > 1:
+        raise ValueError(f"the tasks' (state, action) sizes differ: {dims}; one reward reads one layout, so give "
+                         "tasks of one suite (or learn a reward per task)")
+    return next(iter(dims.values()))
+
+
 def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     """The loop of the module docstring; writes the reward (``reward.pt``) each round."""
-    spec = get_task(cfg.task)
-    if cfg.segment_length > spec.max_episode_steps:
-        raise ValueError(f"segment_length={cfg.segment_length} is longer than {cfg.task}'s episodes "
-                         f"({spec.max_episode_steps} steps)")
+    tasks = cfg.task_names
+    specs = {t: get_task(t) for t in tasks}
+    shortest = min(tasks, key=lambda t: specs[t].max_episode_steps)
+    if cfg.segment_length > specs[shortest].max_episode_steps:
+        raise ValueError(f"segment_length={cfg.segment_length} is longer than {shortest}'s episodes "
+                         f"({specs[shortest].max_episode_steps} steps)")
+    several = len(tasks) > 1
+    pair_by = "task" if several else "instruction"  # a pair never mixes two tasks
+    if cfg.reward.text == "auto":  # one task: today's hashed words; several: the sentence embedding
+        cfg = replace(cfg, reward=replace(cfg.reward, text="minilm" if several else "hash"))
     vlm = load_vlm(cfg) if cfg.teacher == "vlm" else None
     if vlm is not None:  # record the frames the VLM reads: its camera, its side
         cfg = replace(cfg, render_size=vlm.image_size or cfg.render_size, render_camera=vlm.camera or cfg.render_camera,
@@ -94,17 +136,17 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     if hasattr(learner, "out"):
         learner.out = run_dir
     coverage = learner if isinstance(learner, RankingLearner) else ranking_learner(cfg, frames)
-    env = coverage.env.unwrapped
-    ds, da = len(env.privileged_state()), env.action_space.shape[0]
+    ds, da = check_dims(coverage.envs)
     store = LabelStore(cfg.labels or run_dir / "labels",
-                       {"task": cfg.task, "state_dim": ds, "action_dim": da, "segment_length": cfg.segment_length},
-                       cfg.labels_on_malformed)
+                       {**({"tasks": tasks} if several else {"task": tasks[0]}), "state_dim": ds, "action_dim": da,
+                        "segment_length": cfg.segment_length}, cfg.labels_on_malformed)
     rng = np.random.default_rng(cfg.seed)
     heldout = coverage.heldout(cfg.heldout_episodes)
-    hpairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
+    hpairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1),
+                          pair_by)
     htargets = oracle_targets(hpairs)
     own = learner.heldout(cfg.heldout_episodes) if coverage is not learner and hasattr(learner, "heldout") else []
-    opairs = (sample_pairs(own, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 2))
+    opairs = (sample_pairs(own, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 2), pair_by)
               if own else [])
     otargets = oracle_targets(opairs)
     model = PreferenceReward(cfg.reward, ds, da, cfg.seed)
@@ -116,7 +158,32 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
         log.info("label page: %s (answer there; every answer is saved at once)", server.url)
     pool: list[Trajectory] = []
     curve: list[dict[str, Any]] = []
-    teacher: Teacher | None = None
+    teachers: dict[str, Teacher] = {}  # a simulated teacher per task, else one for all (key "")
+
+    def teacher_for(task: str) -> Teacher:
+        """B-Pref's margin is per task: the mean episode return of the task's trajectories in the pool
+        (the whole pool's while it holds none), scaled to a segment. Pairs never mix tasks, and the
+        tasks' returns have different scales, so a skip or equal threshold is a fraction of the
+        task's own segment return. Each task's teacher draws from its own seed (seed + task index)."""
+        key = task if cfg.teacher in PRESETS else ""
+        if key not in teachers:
+            own = [t.ret for t in pool if task_of(t, tasks[0]) == task] or [t.ret for t in pool]
+            margin = float(np.mean(own)) * cfg.segment_length / specs[task].max_episode_steps
+            teachers[key] = make_teacher(cfg, margin, server, vlm, cfg.seed + tasks.index(task))
+        return teachers[key]
+
+    def label(asked: list[Query]) -> list[str]:
+        """The answers in order; a simulated teacher per task answers its task's queries."""
+        if cfg.teacher not in PRESETS:  # one teacher (a page, a VLM) answers them all at once
+            return teacher_for(tasks[0]).label(asked)
+        answers = [""] * len(asked)
+        groups: dict[str, list[int]] = {}
+        for i, q in enumerate(asked):
+            groups.setdefault(task_of(q.left, tasks[0]), []).append(i)
+        for task, idx in groups.items():
+            for i, a in zip(idx, teacher_for(task).label([asked[i] for i in idx])):
+                answers[i] = a
+        return answers
     agree = [0, 0]  # strict answers of this run's teacher that match the ground truth, strict answers
     old_queries, old_targets = store.training_set(frames=cfg.reward.input == "image")
     reused = len(old_queries)
@@ -127,20 +194,20 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
     try:
         for r, n in enumerate(schedule(cfg.budget, cfg.rounds, cfg.schedule)):
             pool += learner.rollout(cfg.episodes_per_round)
-            if teacher is None:  # B-Pref's margin: mean episode return scaled to a segment
-                margin = float(np.mean([t.ret for t in pool])) * cfg.segment_length / spec.max_episode_steps
-                teacher = make_teacher(cfg, margin, server, vlm)
+            if not several:  # (one task: its teacher is made on the first round, as before)
+                teacher_for(tasks[0])
             asked = [store.query(q, frames) for q in store.pending()]  # posed by an interrupted run: answer them first
             if n:
-                cands = sample_pairs(pool, n * cfg.oversample, cfg.segment_length, rng)
+                cands = sample_pairs(pool, n * cfg.oversample, cfg.segment_length, rng, pair_by)
                 probs = model.predict(cands) if model.labels_seen else None
                 for q in select(cands, n, cfg.selection, probs):
                     store.add_query(q)
                     asked.append(q)
-            answers = teacher.label(asked) if asked else []
-            if not teacher.records_labels:
-                for q, a in zip(asked, answers):
-                    store.add_label(q.id, a, teacher.name)
+            answers = label(asked) if asked else []
+            for q, a in zip(asked, answers):
+                t = teacher_for(task_of(q.left, tasks[0]))
+                if not t.records_labels:
+                    store.add_label(q.id, a, t.name)
             for a, truth in zip(answers, oracle_targets(asked)):  # the teacher's label accuracy vs ground truth
                 if a in ("left", "right") and truth != 0.5:
                     agree[0] += (a == "right") == (truth == 1.0)
@@ -150,8 +217,8 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
             improved = learner.improve(model) or {}
             point = {"round": r, "labels": len(queries), "asked": len(asked), **store.counts(), **fit, **improved,
                      "teacher_accuracy": agree[0] / agree[1] if agree[1] else None,
-                     **(reward_quality(model, hpairs, htargets, heldout) if queries else {}),
-                     **({f"policy_{k}": v for k, v in reward_quality(model, opairs, otargets, own).items()}
+                     **(reward_quality(model, hpairs, htargets, heldout, tasks) if queries else {}),
+                     **({f"policy_{k}": v for k, v in reward_quality(model, opairs, otargets, own, tasks).items()}
                         if queries and own else {}),
                      "env_steps": learner.env_steps}
             curve.append(point)
@@ -170,7 +237,9 @@ def run_prefer(cfg: PreferConfig, run_dir: Path) -> dict[str, Any]:
         log.info("%s learner, %d episodes: success %.2f with the learned reward, %.2f with the ground truth, "
                  "%.2f before", cfg.learner, final["episodes"], final["success_learned"],
                  final["success_ground_truth"], final["success_before"])
-    return {"task": cfg.task, "teacher": teacher.name if teacher else cfg.teacher, "learner": cfg.learner,
+    teacher = next(iter(teachers.values()), None)
+    return {"task": cfg.task_label, "tasks": tasks, "reward_text": model.cfg.text,
+            "teacher": teacher.name if teacher else cfg.teacher, "learner": cfg.learner,
             "labels_path": str(store.root), "labels": store.counts(), "reused_labels": reused, "curve": curve,
             "final": curve[-1] if curve else {}, "policy": final, "config": asdict(cfg)}
 
@@ -185,14 +254,16 @@ def evaluate_reward(cfg: PreferConfig, run_dir: Path | None = None) -> dict[str,
     if hasattr(learner, "out"):
         learner.out = Path(run_dir or ".")
     coverage = learner if isinstance(learner, RankingLearner) else ranking_learner(cfg, frames)
-    env = coverage.env.unwrapped
-    if len(env.privileged_state()) != model.state_dim:
-        raise ValueError(f"reward {cfg.reward_path} reads {model.state_dim}-D states, task {cfg.task} has "
-                         f"{len(env.privileged_state())}")
+    tasks = cfg.task_names
+    ds, _ = check_dims(coverage.envs)
+    if ds != model.state_dim:
+        raise ValueError(f"reward {cfg.reward_path} reads {model.state_dim}-D states, task(s) {cfg.task_label} have "
+                         f"{ds}")
     heldout = coverage.heldout(cfg.heldout_episodes)
-    pairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1))
-    out: dict[str, Any] = {"task": cfg.task, "reward_path": cfg.reward_path,
-                           **reward_quality(model, pairs, oracle_targets(pairs), heldout)}
+    pairs = sample_pairs(heldout, cfg.heldout_pairs, cfg.segment_length, np.random.default_rng(cfg.seed + 1),
+                         "task" if len(tasks) > 1 else "instruction")
+    out: dict[str, Any] = {"task": cfg.task_label, "tasks": tasks, "reward_path": cfg.reward_path,
+                           **reward_quality(model, pairs, oracle_targets(pairs), heldout, tasks)}
     if cfg.labels:
         store = LabelStore(cfg.labels, None, cfg.labels_on_malformed)
         qs, ys = store.training_set()

@@ -1,7 +1,10 @@
 """The Bradley–Terry reward model: an ensemble of per-step reward nets trained on preferences.
 
-Each member maps one step (a state, a state and action, or a frame; plus the instruction as
-hashed bag-of-words features) to a reward r̂ in (-1, 1) (tanh, as in PEBBLE). A segment's
+Each member maps one step (a state, a state and action, or a frame; plus the instruction's
+features, ``RewardConfig.text``) to a reward r̂ in (-1, 1) (tanh, as in PEBBLE). The instruction
+is read as hashed bag-of-words features (``hash``, one task's runs) or as the frozen MiniLM
+sentence embedding the policies use (``minilm``: one reward for several tasks, where the
+instruction is what tells them apart, and paraphrases land close together). A segment's
 predicted return is Σ_t r̂; member m's probability that the right segment σ¹ is preferred is
 
     P_m[σ¹ ≻ σ⁰] = exp Σr̂_m(σ¹) / (exp Σr̂_m(σ⁰) + exp Σr̂_m(σ¹)) = sigmoid(R̂_m(σ¹) − R̂_m(σ⁰)).
@@ -27,9 +30,13 @@ import torch
 from torch import nn
 
 from embodied.core.reward import RewardInputError, RewardModel, RewardOutput
+from embodied.nn.minilm import MINILM_DIM
 from rewards.preference.segments import Query, stack
 
 INPUTS = ("state", "state_action", "image")
+#: instruction features: auto (``embodied prefer`` picks: hash for one task, minilm for several),
+#: hash (bag of words, ``text_dim`` wide), minilm (the frozen sentence embedding, 384-d)
+TEXTS = ("auto", "hash", "minilm")
 
 
 @dataclass
@@ -39,7 +46,8 @@ class RewardConfig:
     input: str = "state"  # state | state_action | image (frames)
     ensemble: int = 3  # members (PEBBLE: 3)
     hidden: int = 128
-    text_dim: int = 32  # hashed bag-of-words instruction features; 0 ignores the instruction
+    text: str = "auto"  # instruction features (TEXTS); a model built with "auto" reads hash features
+    text_dim: int = 32  # text=hash: hashed bag-of-words instruction features; 0 ignores the instruction
     image_size: int = 32  # frames are average-pooled to this side for the image net
     lr: float = 3e-4
     weight_decay: float = 1e-4
@@ -50,6 +58,8 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.input not in INPUTS:
             raise ValueError(f"reward input must be one of {INPUTS}, got {self.input!r}")
+        if self.text not in TEXTS:
+            raise ValueError(f"reward text must be one of {TEXTS}, got {self.text!r}")
         for name in ("ensemble", "hidden", "epochs", "batch_size", "image_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"reward {name} must be >= 1, got {getattr(self, name)}")
@@ -82,7 +92,7 @@ def bt_loss(ret_left: torch.Tensor, ret_right: torch.Tensor, target: torch.Tenso
 class _StepNet(nn.Module):
     """One member: (step features, text features) -> r̂ in (-1, 1)."""
 
-    def __init__(self, cfg: RewardConfig, in_dim: int):
+    def __init__(self, cfg: RewardConfig, in_dim: int, text_dim: int):
         super().__init__()
         self.image = cfg.input == "image"
         if self.image:
@@ -93,7 +103,7 @@ class _StepNet(nn.Module):
                 nn.AdaptiveAvgPool2d(1), nn.Flatten())
             in_dim = 32
         h = cfg.hidden
-        self.mlp = nn.Sequential(nn.Linear(in_dim + cfg.text_dim, h), nn.LeakyReLU(),
+        self.mlp = nn.Sequential(nn.Linear(in_dim + text_dim, h), nn.LeakyReLU(),
                                  nn.Linear(h, h), nn.LeakyReLU(), nn.Linear(h, 1), nn.Tanh())
 
     def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -103,12 +113,25 @@ class _StepNet(nn.Module):
         return self.mlp(torch.cat([x, text], -1)).squeeze(-1)
 
 
+def minilm_features(texts: Sequence[str]) -> np.ndarray:
+    """The frozen all-MiniLM-L6-v2 sentence embeddings (N, 384) float32, unit norm (``embodied.nn.minilm``:
+    the weights bundled with its package, offline; the model the policies' text encoder loads)."""
+    from embodied.nn.minilm import load_minilm
+
+    with torch.inference_mode():
+        v = load_minilm().encode(list(texts), batch_size=64, normalize_embeddings=True, show_progress_bar=False,
+                                 convert_to_numpy=True)
+    return np.asarray(v, np.float32)
+
+
 class PreferenceReward(RewardModel):
     """A Bradley–Terry ensemble over steps (see the module docstring).
 
     ``score`` reads ``states`` (B, Ds) for ``input="state"``, ``states`` (B, Ds + Da) —
     each row a state followed by the action taken in it — for ``"state_action"``, and
-    ``frames`` (B, H, W, 3) uint8 for ``"image"``.
+    ``frames`` (B, H, W, 3) uint8 for ``"image"``; and the instruction of each row, which with
+    ``text="minilm"`` tells the tasks of one reward apart (a steering run across a suite gives
+    each env's own instruction).
     """
 
     reward_range = (-1.0, 1.0)
@@ -119,10 +142,16 @@ class PreferenceReward(RewardModel):
             raise ValueError("input='state_action' needs the action dimension (action_dim >= 1)")
         self.inputs = frozenset({"frames"} if cfg.input == "image" else {"states"})
         self.in_dim = self.state_dim + (self.action_dim if cfg.input == "state_action" else 0)
+        self.text_dim = MINILM_DIM if cfg.text == "minilm" else cfg.text_dim
         torch.manual_seed(seed)
-        self.members = nn.ModuleList([_StepNet(cfg, self.in_dim) for _ in range(cfg.ensemble)])
+        self.members = nn.ModuleList([_StepNet(cfg, self.in_dim, self.text_dim) for _ in range(cfg.ensemble)])
         self.mean = torch.zeros(self.in_dim)
         self.std = torch.ones(self.in_dim)
+        # text=minilm: sentence embeddings of one suite share a large common part, so they are
+        # centred on the labelled instructions' mean and scaled by their spread (fit_normaliser)
+        self.text_mean = torch.zeros(self.text_dim)
+        self.text_scale = torch.ones(())
+        self._text_cache: dict[str, np.ndarray] = {}
         self.rng = np.random.default_rng(seed)
         self.labels_seen = 0
         self.shift = 0.0  # subtracted from every reward (``load_reward``); preferences are blind to it
@@ -148,12 +177,31 @@ class PreferenceReward(RewardModel):
             img = nn.functional.adaptive_avg_pool2d(img, self.cfg.image_size)
         return img
 
+    def _raw_text(self, instructions: Sequence[str]) -> np.ndarray:
+        """Instruction features before normalisation (N, text_dim), each string encoded once."""
+        if self.cfg.text != "minilm":
+            return np.stack([text_features(s, self.text_dim) for s in instructions])
+        missing = sorted({s for s in instructions if s not in self._text_cache})
+        if missing:
+            self._text_cache.update(zip(missing, minilm_features(missing)))
+        return np.stack([self._text_cache[s] for s in instructions])
+
     def _text(self, instructions: Sequence[str]) -> torch.Tensor:
-        return torch.as_tensor(np.stack([text_features(s, self.cfg.text_dim) for s in instructions]))
+        t = torch.as_tensor(self._raw_text(instructions))
+        return (t - self.text_mean) / self.text_scale if self.cfg.text == "minilm" else t
 
     def fit_normaliser(self, queries: Sequence[Query]) -> None:
-        """Per-feature mean and std of the labelled steps (state inputs only)."""
-        if self.cfg.input == "image" or not queries:
+        """Per-feature mean and std of the labelled steps (state inputs only); with ``text="minilm"``
+        the mean of the labelled instructions' embeddings and their RMS distance from it."""
+        if not queries:
+            return
+        if self.cfg.text == "minilm":
+            texts = sorted({seg.instruction for q in queries for seg in (q.left, q.right)})
+            z = self._raw_text(texts)
+            centred = z - z.mean(0)
+            self.text_mean = torch.as_tensor(z.mean(0))
+            self.text_scale = torch.as_tensor(max(float(np.sqrt((centred ** 2).sum(1).mean())), 1e-3))
+        if self.cfg.input == "image":
             return
         x = np.concatenate([self._steps(queries, s).reshape(-1, self.in_dim) for s in ("left", "right")])
         self.mean = torch.as_tensor(x.mean(0))
@@ -248,7 +296,8 @@ class PreferenceReward(RewardModel):
             os.replace(tmp, target)
 
     def _state_dict(self) -> dict[str, Any]:
-        return {"members": self.members.state_dict(), "mean": self.mean, "std": self.std}
+        return {"members": self.members.state_dict(), "mean": self.mean, "std": self.std,
+                "text_mean": self.text_mean, "text_scale": self.text_scale}
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PreferenceReward":
@@ -266,6 +315,8 @@ class PreferenceReward(RewardModel):
         except Exception as e:  # noqa: BLE001 - a foreign file fails in many ways; each is named the same
             raise ValueError(f"learned reward {path} is damaged or of another format: {e}") from None
         model.mean, model.std, model.labels_seen = sd["mean"], sd["std"], int(meta.get("labels_seen", 0))
+        model.text_mean = sd.get("text_mean", model.text_mean)  # (rewards saved before text=minilm: none)
+        model.text_scale = sd.get("text_scale", model.text_scale)
         return model
 
 

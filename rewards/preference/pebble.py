@@ -129,7 +129,8 @@ class PebbleLearner:
 
     def __init__(self, cfg: PreferConfig, frames: bool):
         self.cfg, self.frames = cfg, frames
-        self.env = frame_env(cfg.task, frames, cfg.render_size, cfg.render_camera, cfg.render_supersample)
+        self.task = cfg.task_names[0]  # one task (PreferConfig refuses several for pebble)
+        self.env = frame_env(self.task, frames, cfg.render_size, cfg.render_camera, cfg.render_supersample)
         self.wrapped = StateRewardEnv(self.env, None, frames)
         self.model = self._sac(self.wrapped)
         self.model.replay_buffer.intrinsic_k = cfg.pebble_knn if cfg.pebble_unsup_steps else 0
@@ -188,7 +189,7 @@ class PebbleLearner:
         return {"relabelled": n}
 
     def _success(self, model: Any, episodes: int) -> float:
-        env = StateRewardEnv(frame_env(self.cfg.task, False, 0), "sparse", record=False)
+        env = StateRewardEnv(frame_env(self.task, False, 0), "sparse", record=False)
         base, wins = self.cfg.seed + 2 * HELDOUT_SEED, 0
         for k in range(episodes):
             obs, info = env.reset(seed=base + k)
@@ -204,7 +205,7 @@ class PebbleLearner:
         return wins / episodes
 
     def evaluate(self, episodes: int, reward: RewardModel) -> dict[str, Any]:
-        gt_env = StateRewardEnv(frame_env(self.cfg.task, False, 0), self.cfg.pebble_ground_truth, record=False)
+        gt_env = StateRewardEnv(frame_env(self.task, False, 0), self.cfg.pebble_ground_truth, record=False)
         gt = self._sac(gt_env)
         self._learn(gt, steps=self.env_steps)
         out = {"success_learned": self._success(self.model, episodes),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -17,22 +17,30 @@ class RankingLearner:
     policy's episode is the one the reward ranks highest — the zeroth-order form of steering (the
     candidates play the role of K noise draws). Improvement needs no gradient step: a new reward
     changes the ranking. Seeds fix each candidate's episode, so the learned and the ground-truth
-    reward rank the very same trajectories (equal env steps)."""
+    reward rank the very same trajectories (equal env steps).
 
-    def __init__(self, task: str, candidates: int, seed: int, frames: bool, render_size: int, camera: str = "",
-                 supersample: int = 1):
-        self.env = frame_env(task, frames, render_size, camera, supersample)
+    With several tasks, episode seed s plays task ``tasks[s % len(tasks)]`` (round robin, so every
+    task is seen in proportion), on the task's training wordings; each trajectory records its task
+    in ``info["task"]``."""
+
+    def __init__(self, task: str | Sequence[str], candidates: int, seed: int, frames: bool, render_size: int,
+                 camera: str = "", supersample: int = 1):
+        self.tasks = [task] if isinstance(task, str) else list(task)
+        self.envs = {t: frame_env(t, frames, render_size, camera, supersample) for t in self.tasks}
+        self.env = self.envs[self.tasks[0]]
         self.k, self.frames, self.next_seed = candidates, frames, seed
         self.seed, self.env_steps = seed, 0
         self.reward: RewardModel | None = None
         self._cache: dict[tuple[int, int], Trajectory] = {}
 
     def episode(self, seed: int) -> list[Trajectory]:
+        task = self.tasks[seed % len(self.tasks)]
         out = []
         for k in range(self.k):
             if (seed, k) not in self._cache:
                 act = candidate_behaviour(seed, k, self.env.action_space.shape[0])
-                self._cache[seed, k], steps = rollout(self.env, seed, act, self.frames, {"candidate": k})
+                self._cache[seed, k], steps = rollout(self.envs[task], seed, act, self.frames,
+                                                      {"candidate": k, "task": task})
                 self.env_steps += steps
             out.append(self._cache[seed, k])
         return out
@@ -74,5 +82,5 @@ class RankingLearner:
 
 @register_learner("ranking")
 def ranking_learner(cfg: PreferConfig, frames: bool) -> RankingLearner:
-    return RankingLearner(cfg.task, cfg.candidates, cfg.seed, frames, cfg.render_size, cfg.render_camera,
+    return RankingLearner(cfg.task_names, cfg.candidates, cfg.seed, frames, cfg.render_size, cfg.render_camera,
                           cfg.render_supersample)

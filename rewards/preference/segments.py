@@ -97,15 +97,29 @@ def sample_segments(trajs: Sequence[Trajectory], n: int, length: int, rng: np.ra
     return [cut(pool[i], int(rng.integers(len(pool[i]) - length + 1)), length) for i in picks]
 
 
-def sample_pairs(trajs: Sequence[Trajectory], n: int, length: int, rng: np.random.Generator) -> list[Query]:
+def sample_pairs(trajs: Sequence[Trajectory], n: int, length: int, rng: np.random.Generator,
+                 by: str = "instruction") -> list[Query]:
     """``n`` candidate queries (ids unset): a left segment as in ``sample_segments``, and a right one
-    from a trajectory with the same instruction (a clip pair is judged against one instruction)."""
-    by_text: dict[str, list[Trajectory]] = {}
+    from a trajectory of the same group: the same instruction (``by="instruction"``: a clip pair is
+    judged against one instruction) or the same task (``by="task"``, ``info["task"]``: the runs of
+    several tasks, whose instructions vary within a task, e.g. the block's colour). A pair never
+    mixes two tasks, so the teacher's ground-truth comparison is one task's reward against itself."""
+    if by not in ("instruction", "task"):
+        raise ValueError(f"pairs are grouped by 'instruction' or 'task', got {by!r}")
+
+    def key(t: Trajectory | Segment) -> str:
+        if by == "instruction":
+            return t.instruction
+        if "task" not in t.info:
+            raise ValueError("pairs grouped by task need each trajectory's task in info['task']")
+        return str(t.info["task"])
+
+    groups: dict[str, list[Trajectory]] = {}
     for t in trajs:
-        by_text.setdefault(t.instruction, []).append(t)
+        groups.setdefault(key(t), []).append(t)
     out = []
     for left in sample_segments(trajs, n, length, rng):
-        right = sample_segments(by_text[left.instruction], 1, length, rng)[0]
+        right = sample_segments(groups[key(left)], 1, length, rng)[0]
         out.append(Query(left, right))
     return out
 

@@ -2,7 +2,7 @@
 
 Layout of a store directory (``labels=PATH``)::
 
-    meta.json              format, task, state/action dims, segment length (checked on reuse)
+    meta.json              format, task (or tasks), state/action dims, segment length (checked on reuse)
     queries/q_000000.npz   the two segments of query 0 (``left/states``, ``right/frames``, ...
                            plus ``__meta__``: instructions and provenance as JSON)
     labels.jsonl           one line per answer: {"query": 0, "label": "right", "teacher": "oracle",
@@ -44,7 +44,7 @@ FORMAT = 1
 LABELS = ("left", "right", "equal", "skip")
 TARGET = {"left": 0.0, "right": 1.0, "equal": 0.5}  # P[right ≻ left]; a skip trains nothing
 ON_MALFORMED = ("raise", "quarantine")
-MATCHED = ("task", "state_dim", "action_dim", "segment_length")
+MATCHED = ("task", "tasks", "state_dim", "action_dim", "segment_length")
 _Q_RE = re.compile(r"^q_(\d{6,})\.npz$")
 _TMP_RE = re.compile(r"\.tmp-(\d+)$")
 
@@ -85,13 +85,14 @@ def _excerpt(line: str) -> str:
 
 
 class LabelStore:
-    """Queries and labels of one task in a directory (see the module docstring).
+    """Queries and labels of one task, or of several (each query within one), in a directory (see
+    the module docstring).
 
     Args:
         path: the store directory.
-        meta: what this run needs (``task``, ``state_dim``, ``action_dim``, ``segment_length``);
-            creates the store when absent, and must match a store that exists. None opens
-            an existing store as it is (``embodied label``).
+        meta: what this run needs (``task``, or ``tasks`` for several, ``state_dim``, ``action_dim``,
+            ``segment_length``); creates the store when absent, and must match a store that
+            exists. None opens an existing store as it is (``embodied label``).
         on_malformed: ``raise`` (default) or ``quarantine`` (see the module docstring).
     """
 

@@ -8,6 +8,7 @@ steering of a policy checkpoint with the learned reward; ``policies.steering`` t
     embodied prefer task=press-button teacher=human budget=40           # a person, on the label page
     embodied prefer task=press-button teacher=vlm vlm_reward=clip +vlm_settings.checkpoint=RUN/reward abstain=0.02
     embodied prefer task=reach learner=steer checkpoint=RUN/checkpoints/step_0000400 steer_env_steps=10000
+    embodied prefer suite=manipulation learner=steer checkpoint=RUN/checkpoint teacher=mistake eps=0.1  # a suite
     embodied prefer task=press-button learner=pebble pebble_unsup_steps=1000       # PEBBLE on SB3 SAC
     embodied prefer eval task=press-button reward_path=outputs/prefer/.../reward.pt
     embodied prefer plot runs=[outputs/prefer/a,outputs/prefer/b] out=curve.png
