@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install what embodied needs on a fresh Debian machine: OpenGL for headless MuJoCo
 # rendering (EGL, with OSMesa as the fallback), Chromium and its driver (the labelling page's
-# end-to-end test runs in a real headless browser), and the Python package with its test extras.
+# end-to-end test runs in a real headless browser), FFmpeg's libraries (torchcodec decodes the
+# videos of LeRobotDatasets with them), and the Python package with its test extras.
 set -euo pipefail
 cd "$(dirname "$0")"
 need=()
-for pkg in libegl1 libgl1 libosmesa6 chromium chromium-driver; do
+for pkg in libegl1 libgl1 libosmesa6 chromium chromium-driver ffmpeg; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
