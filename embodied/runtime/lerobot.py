@@ -140,6 +140,8 @@ def _quiet() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Converting input from bool", category=RuntimeWarning)
+            # datasets' encoding of the (1,)-shaped scalars the library's frames hold
+            warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0", category=DeprecationWarning)
             yield
     finally:
         if was:
@@ -247,9 +249,10 @@ def export_lerobot(src: str | os.PathLike, out: str | os.PathLike, fps: int = DE
     out = Path(out)
     bar = tqdm(total=sum(ds.lengths), desc="export", unit="frame", disable=not progress)
     try:
-        with _quiet(), staged_folder(out) as tmp:
+        with _quiet(), staged_folder(out) as tmp, contextlib.ExitStack() as stack:
             lr = LeRobotDataset.create(f"local/{out.name}", fps=fps, features=features, root=tmp,
                                        robot_type=robot_type, use_videos=True, vcodec=vcodec)
+            stack.callback(_close, lr)  # before the partial folder goes: its writers would write into it later
             for i in range(len(ds)):
                 ep = ds[i]
                 n = int(ep["length"])
@@ -268,6 +271,7 @@ def export_lerobot(src: str | os.PathLike, out: str | os.PathLike, fps: int = DE
                 lr.save_episode(parallel_encoding=False)  # one process: Ctrl-C stops it cleanly
                 episodes.append({k: v for k, v in ds.episodes_meta[i].items() if k not in _INDEX_META})
             lr.finalize()
+            stack.pop_all()
             side = {"format": "embodied", "version": SIDECAR_VERSION, "info": ds.info, "features": ds.features,
                     "names": names, "episodes": episodes}
             (tmp / SIDECAR).write_text(json.dumps(side, indent=1), encoding="utf-8")
@@ -276,6 +280,13 @@ def export_lerobot(src: str | os.PathLike, out: str | os.PathLike, fps: int = DE
     return {"src": str(Path(src).resolve()), "out": str(out.resolve()), "episodes": len(episodes),
             "frames": sum(int(e["length"]) for e in episodes), "skipped_empty": skipped, "fps": fps, "vcodec": vcodec,
             "features": {names[k]: k for k in ds.features}}
+
+
+def _close(lr: Any) -> None:
+    """Close an unfinished writer's files (its buffered episode metadata would otherwise be written on
+    garbage collection, into a folder that is gone)."""
+    with contextlib.suppress(Exception):
+        lr.finalize()
 
 
 def _frame_value(x: np.ndarray) -> np.ndarray:
