@@ -29,6 +29,20 @@ VIDEO_MAE = 10.0  # mean absolute error per frame, grey levels of 255
 VIDEO_PIXEL = 24  # the 90th percentile of the per-pixel error, grey levels
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _datasets_cache(tmp_path_factory):
+    """The library reads parquet through ``datasets``, which keeps an arrow copy in its cache: a
+    temporary one here, not the user's ~/.cache/huggingface/datasets."""
+    import datasets
+
+    mp = pytest.MonkeyPatch()
+    cache = tmp_path_factory.mktemp("hf-datasets-cache")
+    mp.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    mp.setenv("HF_DATASETS_CACHE", str(cache))  # the command-line tests' interpreters
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
     """Two short reach datasets from the scripted expert: state only, and two 32 px cameras."""
