@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +44,27 @@ class DataConfig:
         if self.action not in ACTIONS:
             raise ValueError(f"action must be one of {ACTIONS} (`embodied data validate|repair|info path=...`, "
                              f"`embodied data export|import src=... out=...`), got {self.action!r}")
-        if self.action in ("export", "import"):
+        if not 1 <= self.fps <= 1000:
+            raise ValueError(f"fps must be in [1, 1000] frames per second, got {self.fps}")
+        if self.vcodec not in VCODECS:
+            raise ValueError(f"vcodec must be one of {VCODECS}, got {self.vcodec!r}")
+        moving = self.action in ("export", "import")
+        # a setting the action does not read is refused, not ignored (as collect refuses cameras with obs_mode=state)
+        unused = [n for n in ("src", "out", "task") if getattr(self, n) and (not moving or n == "task" and
+                                                                             self.action != "import")]
+        unused += ["path"] if moving and self.path else []
+        default = {f.name: f.default for f in fields(self)}
+        unused += [n for n in ("fps", "vcodec") if self.action != "export" and getattr(self, n) != default[n]]
+        if unused:
+            raise ValueError(f"{', '.join(f'{n}={getattr(self, n)!r}' for n in unused)}: not read by "
+                             f"`embodied data {self.action}` (path= is for validate|repair|info, src= out= for "
+                             "export|import, task= for import, fps= vcodec= for export)")
+        if moving:
             for name in ("src", "out"):
                 if not getattr(self, name):
                     raise ValueError(f"give {name}=DIR: `embodied data {self.action} src=DIR out=DIR`")
             if not Path(self.src).is_dir():
                 raise FileNotFoundError(f"src {self.src!r} is not a folder: give the dataset's folder, src=DIR")
-            if not 1 <= self.fps <= 1000:
-                raise ValueError(f"fps must be in [1, 1000] frames per second, got {self.fps}")
-            if self.vcodec not in VCODECS:
-                raise ValueError(f"vcodec must be one of {VCODECS}, got {self.vcodec!r}")
             return
         if not self.path:
             raise ValueError("give the dataset: path=DIR (e.g. data/manipulation-state)")
