@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from embodied.core.errors import UnknownNameError
+from embodied.core.registry import load_object
 from embodied.core.specs import ActionSpec, ObservationSpec
 
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ POLICY_CONFIGS: dict[str, str] = {
 def _resolve(table: dict[str, str], name: str) -> Any:
     if name not in table:
         raise UnknownNameError("policy", str(name), list(table))
-    module, _, attr = table[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return load_object(table[name], f"policy {name!r}")
 
 
 def policy_class(name: str) -> type["TorchPolicy"]:

@@ -2,7 +2,8 @@
 metrics, each behind ``embodied.core.reward.RewardModel``. Imports neither ``sim`` nor ``policies``.
 
 - ``rewards.vlm``: CLIP rewards on open_clip (cosine, goal-baseline projection, contrastive
-  negatives) and their in-domain fitting against a locked text side.
+  negatives), their rollout banks and caption labels, their in-domain fitting against a locked
+  text side, and their evaluation and throughput.
 - ``rewards.quality``: success AUROC, VOC, return Spearman, EPIC -- for any reward.
 - ``rewards.registry``: reward models by name (``make_reward({"name": "clip", ...})``).
 - ``rewards.wrappers``: a reward model in gymnasium and stable-baselines3 loops.

@@ -12,6 +12,9 @@ Pure functions over arrays, shared by every reward model (VLM, preference, ...):
   then take the Pearson distance ``sqrt((1 - rho) / 2)`` in [0, 1]. Invariant to potential
   shaping, to positive scale and to a constant offset; 0 means equivalent rewards.
 - ``roc_curve``: false/true positive rates at every threshold, for plots.
+- ``preference_accuracy``: how often a predicted P[right ≻ left] > 0.5 agrees with a strict
+  reference label; ``expected_calibration_error`` (ECE): bins of predicted P, weighted mean
+  |mean P − frequency| (a learned preference reward's held-out quality).
 """
 
 from __future__ import annotations
@@ -93,6 +96,32 @@ def roc_curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nd
     tp, fp = np.cumsum(y)[last], np.cumsum(~y)[last]
     n_pos, n_neg = max(int(y.sum()), 1), max(int((~y).sum()), 1)
     return np.r_[0.0, fp / n_neg], np.r_[0.0, tp / n_pos]
+
+
+def preference_accuracy(p_right: np.ndarray, target: np.ndarray) -> float:
+    """Accuracy over strict targets (0 or 1); "equal" targets (0.5) are left out."""
+    p, y = np.asarray(p_right, float), np.asarray(target, float)
+    strict = y != 0.5
+    if not strict.any():
+        return float("nan")
+    return float(np.mean((p[strict] > 0.5) == (y[strict] > 0.5)))
+
+
+def expected_calibration_error(p_right: np.ndarray, target: np.ndarray, bins: int = 10) -> float:
+    """ECE of P[right] against outcomes 1 (right) / 0 (left), equal-width bins over [0, 1].
+
+    Targets of 0.5 count as half an outcome, so an honest 0.5 on a tie is calibrated.
+    """
+    p, y = np.asarray(p_right, float), np.asarray(target, float)
+    if len(p) == 0:
+        return float("nan")
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    err = 0.0
+    for b in range(bins):
+        m = which == b
+        if m.any():
+            err += m.mean() * abs(p[m].mean() - y[m].mean())
+    return float(err)
 
 
 def canonicalize(reward: RewardFn, s: torch.Tensor, s_next: torch.Tensor, pool: torch.Tensor,

@@ -8,10 +8,10 @@ preference reward, ...) adds a line here and is then usable by every command and
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
 from embodied.core.errors import UnknownNameError
+from embodied.core.registry import load_object
 from embodied.core.reward import RewardModel
 
 REWARDS: dict[str, str] = {
@@ -20,11 +20,14 @@ REWARDS: dict[str, str] = {
 }
 
 
+#: settings of the ``reward:`` group that belong to the loop using the reward, not to the model
+LOOP_SETTINGS = ("success_threshold",)
+
+
 def make_reward(settings: Mapping[str, Any]) -> RewardModel:
-    """The reward model ``settings["name"]`` built from the other settings."""
-    settings = dict(settings)
+    """The reward model ``settings["name"]`` built from the other settings (``LOOP_SETTINGS`` aside)."""
+    settings = {k: v for k, v in settings.items() if k not in LOOP_SETTINGS}
     name = settings.get("name")
     if name not in REWARDS:
         raise UnknownNameError("reward model", str(name), list(REWARDS))
-    module, _, attr = REWARDS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)(settings)
+    return load_object(REWARDS[name], f"reward {name!r}")(settings)

@@ -10,7 +10,8 @@ hook runs. A subclass builds the model (``_build``) and steps it.
 five hooks (``_reset_world``, ``_apply_action``, ``_state``, ``_evaluate``,
 ``expert_action``). Rewards are a weighted sum of named terms in [0, 1] (weights sum to 1,
 so the reward is in [0, 1]); the terms are returned in ``info["reward_terms"]``. Episodes
-terminate on success and are truncated at ``max_episode_steps``. Adapters of external
+terminate on success (unless ``end_on_success=False``) and are truncated at
+``max_episode_steps``. Adapters of external
 suites (``sim.metaworld.world.MetaWorldEnv``) derive from ``BaseEnv`` directly.
 """
 
@@ -123,6 +124,10 @@ class BaseEnv(gym.Env):
             averaged, so an edge that crosses a pixel leaves a blend of its two colours and a
             small object's position shows below one pixel. 1 (the default) draws at the side
             itself, as MuJoCo does without multisampling.
+        end_on_success: terminate the episode on the step its success predicate first holds
+            (the default). ``False``: episodes run to ``max_episode_steps`` whatever happens
+            (``info["success"]`` still says whether the goal holds), so that a learner trained
+            on a learned reward cannot read the simulator's success from when episodes end.
 
     Raises:
         ValueError: an argument out of range (``render_size`` included), an unknown camera or
@@ -151,8 +156,12 @@ class BaseEnv(gym.Env):
         render_size: int = 224,
         max_episode_steps: int | None = None,
         supersample: int = 1,
+        end_on_success: bool = True,
     ):
         self.spec_task: TaskSpec = get_task(task)
+        if not isinstance(end_on_success, (bool, np.bool_)):
+            raise ValueError(f"end_on_success must be True or False, got {end_on_success!r}")
+        self.end_on_success = bool(end_on_success)
         check_env_args(obs_mode, render_mode, image_size, max_episode_steps, render_size, supersample)
         self.supersample = int(supersample)
         self.obs_mode, self.render_mode = obs_mode, render_mode
@@ -366,7 +375,7 @@ class TaskEnv(BaseEnv):
         reward = sum(weights[k] * terms[k] for k in weights)
         truncated = self._step_count >= self.max_episode_steps
         info = {"success": success, "reward_terms": terms}
-        return self._obs(), float(reward), success, truncated, info
+        return self._obs(), float(reward), success and self.end_on_success, truncated, info
 
     @property
     def success(self) -> bool:

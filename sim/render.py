@@ -58,7 +58,7 @@ def configure_gl() -> str:
 
 
 def fast_visuals(model: Any, max_size: int = 512) -> None:
-    """Light visual settings (~10x faster on a CPU than MuJoCo's defaults).
+    """Light visual settings, much cheaper to render on a CPU than MuJoCo's defaults.
 
     A 512 shadow map, no multisampling, and an offscreen buffer of ``max_size``.
     Shadows and reflections are switched off per renderer in ``make_renderer``.

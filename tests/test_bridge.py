@@ -143,9 +143,9 @@ def test_robot_side_runs_where_torch_mujoco_and_policies_cannot_be_imported(tmp_
             raise SystemExit("torch imported despite the block")
         import numpy as np
         import embodied.bridge.wire, embodied.bridge.client, embodied.bridge.loop, embodied.bridge.safety
-        import embodied.bridge.server, embodied.bridge.bench, embodied.bridge.drivers
+        import embodied.bridge.server, embodied.bridge.latency, embodied.bridge.drivers
         import embodied.bridge.drivers.sim, embodied.bridge.drivers.rosbridge
-        from embodied.bridge.bench import ConstantPolicy, InstantRobot
+        from embodied.bridge.latency import ConstantPolicy, InstantRobot
         from embodied.bridge.server import PolicyServer, policy_metadata
         from embodied.bridge.client import RemotePolicy
         from embodied.bridge.loop import ControlLoop, LoopConfig

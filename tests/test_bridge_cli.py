@@ -141,6 +141,20 @@ def test_robot_run_against_a_simulator_process(served, tmp_path):
     assert len(lines) == 30 and "step_ms" in json.loads(lines[0])
 
 
+def test_robot_bench_is_a_hydra_command(tmp_path):
+    """``embodied robot bench`` takes ``hydra.run.dir=`` and writes ``metrics.json`` there (and ``out=`` too)."""
+    r = _cli("robot", "bench", "requests=5", "loop_steps=5", f"out={tmp_path}/copy.json",
+             f"hydra.run.dir={tmp_path}/bench", cwd=tmp_path)
+    m = json.loads((tmp_path / "bench/metrics.json").read_text())
+    assert m["state"]["n"] == 5 and m["images_2x224x224"]["n"] == 5 and m["loop"]["steps"] == 5
+    assert json.loads((tmp_path / "copy.json").read_text()) == m
+    assert "round trip, state" in r.stdout and "control loop at 50 Hz" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "bench", "requests=0",
+                        f"hydra.run.dir={tmp_path}/bad"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "requests must be >= 1" in r.stderr and not (tmp_path / "bad").exists()
+
+
 def test_bad_command_arguments_name_the_problem(tmp_path):
     r = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "run", "robot=sim", f"hydra.run.dir={tmp_path}"],
                        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)

@@ -170,7 +170,7 @@ def test_snapshot_is_atomic_and_never_overwritten(tmp_path, monkeypatch):
 
 
 def test_eval_checkpoint_series_bad_inputs(tmp_path):
-    from embodied.runtime.eval import EvalConfig, resolve_checkpoints
+    from embodied.runtime.eval_job import EvalConfig, resolve_checkpoints
 
     (tmp_path / "empty").mkdir()
     r = embodied("eval", f"checkpoint={tmp_path}/empty", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, check=False)

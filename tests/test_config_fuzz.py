@@ -4,7 +4,7 @@ For each command (train, eval, collect, play, bench, data) every field of its sc
 and for train every field of every policy family's config (``policy.<field>``), is given bad values
 drawn by type with a fixed seed: wrong types, negatives, NaN/inf, empty strings and lists, unknown
 names. Each must be refused by composition + schema validation, the path ``embodied <command>``
-takes before it runs, with the one line the CLI prints (``embodied.commands.app.user_error``):
+takes before it runs, with the one line the CLI prints (``embodied.commands.user_errors.user_error``):
 a user error, on one line, naming the field or the value. A few (field, kind) pairs are accepted on
 purpose; ``ACCEPTED`` (and ``ACCEPTED_KINDS``) list them with the reason, and the test fails on
 any other acceptance and on any allowance that no case uses any more.
@@ -35,9 +35,9 @@ CLI_CASES = 6  # cases also run through the real command line
 
 def commands() -> dict[str, type]:
     from embodied.commands.data import DataConfig
-    from embodied.runtime.bench import BenchConfig
+    from embodied.runtime.sim_bench import BenchConfig
     from embodied.runtime.collect import CollectConfig
-    from embodied.runtime.eval import EvalConfig
+    from embodied.runtime.eval_job import EvalConfig
     from embodied.runtime.play import PlayConfig
     from embodied.runtime.train import TrainConfig
 
@@ -54,9 +54,9 @@ ACCEPTED = {
        for cmd in ("eval", "collect")},
     ("train", "policy.openclip_checkpoint", "unknown"): "a path read only with text_encoder=openclip (policies/ "
                                                        "names a missing file when it loads it)",
-    **{("bench", "tasks", kind): "BenchConfig (runtime/bench.py) does not check its tasks; bench names a bad one "
+    **{("bench", "tasks", kind): "BenchConfig (runtime/sim_bench.py) does not check its tasks; bench names a bad one "
        "when it starts, with exit status 2 (embodied.core.registry)" for kind in ("type", "empty", "unknown")},
-    **{("bench", "policy_families", kind): "BenchConfig (runtime/bench.py) does not check its families; bench_policy "
+    **{("bench", "policy_families", kind): "BenchConfig (runtime/sim_bench.py) does not check its families; policy_bench "
        "names an unknown one when its section starts" for kind in ("type", "empty", "unknown")},
     **{("train", "policy.openclip_model", kind): "the open_clip architecture, read only with text_encoder=openclip "
        "(policies/common/text.py names a bad one when it builds the encoder)" for kind in ("empty", "unknown")},
@@ -149,7 +149,7 @@ class Outcome(typing.NamedTuple):
 
 
 def _outcome(fn) -> Outcome:
-    from embodied.commands.app import user_error
+    from embodied.commands.user_errors import user_error
 
     try:
         fn()
@@ -159,14 +159,14 @@ def _outcome(fn) -> Outcome:
 
 
 def _compose(hydra_compose, name: str, overrides: list[str], schema: type) -> None:
-    from embodied.commands.app import to_schema
+    from embodied.commands.schema import to_schema
 
     to_schema(hydra_compose(name, overrides=overrides), schema)
 
 
 def _apply(loader, overrides, cfg, schema: type) -> None:
     """Apply ``overrides`` to the composed ``cfg`` as Hydra's compose does, then read it as the command does."""
-    from embodied.commands.app import to_schema
+    from embodied.commands.schema import to_schema
 
     loader._apply_overrides_to_config(overrides, cfg)
     to_schema(cfg, schema)
@@ -183,7 +183,7 @@ def results(tmp_path_factory):
     from hydra.core.config_store import ConfigStore
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from embodied.commands.app import register_configs
+    from embodied.commands.schema import register_configs
 
     cwd = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("fuzz"))  # `path=.` and friends resolve in an empty folder

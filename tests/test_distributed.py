@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 
 import embodied.runtime.collect as collect_cmd  # noqa: E402
 import embodied.runtime.distributed as dist  # noqa: E402
-from embodied.runtime.eval import EvalConfig  # noqa: E402
+from embodied.runtime.eval_job import EvalConfig  # noqa: E402
 from embodied.runtime.distributed import PolicySource, RayOptions, evaluate_ray  # noqa: E402
 from embodied.runtime.evaluate import evaluate  # noqa: E402
 

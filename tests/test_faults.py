@@ -222,9 +222,10 @@ def test_a_command_never_writes_over_another_commands_results(tmp_path):
 
 
 def test_an_empty_instruction_list_is_an_error(tmp_path):
-    from embodied.commands.app import compose, user_error
+    from embodied.commands.app import compose
+    from embodied.commands.user_errors import user_error
     from embodied.core.registry import make_env
-    from embodied.runtime.eval import EvalConfig, load_instructions
+    from embodied.runtime.eval_job import EvalConfig, load_instructions
 
     with pytest.raises(Exception) as e:
         compose("eval", EvalConfig, ["tasks=[reach]", "+instructions.reach=[]"])
@@ -240,8 +241,8 @@ def test_an_empty_instruction_list_is_an_error(tmp_path):
 
 
 def test_a_template_field_the_task_lacks_is_named_before_any_episode(tmp_path, monkeypatch):
-    import embodied.runtime.eval as eval_module
-    from embodied.runtime.eval import EvalConfig, run_eval
+    import embodied.runtime.eval_job as eval_module
+    from embodied.runtime.eval_job import EvalConfig, run_eval
 
     def no_episodes(*args, **kwargs):
         raise AssertionError("an episode ran before the templates were checked")
@@ -263,7 +264,7 @@ def test_a_template_field_the_task_lacks_is_named_before_any_episode(tmp_path, m
     ("play", {"ground_instructions": False}, "ground_instructions=False has no effect"),
 ])
 def test_a_setting_without_effect_is_an_error_naming_it(schema, kwargs, named):
-    from embodied.runtime.eval import EvalConfig
+    from embodied.runtime.eval_job import EvalConfig
     from embodied.runtime.play import PlayConfig
 
     with pytest.raises(ValueError, match=re.escape(named)):

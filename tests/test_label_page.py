@@ -213,7 +213,7 @@ def test_label_page_in_chromium_survives_a_server_kill(tmp_path):
 
 
 def test_embodied_label_records_queries_with_frames_from_a_task(tmp_path):
-    from embodied.runtime.prefer import LabelConfig, record_queries
+    from rewards.preference.labels import LabelConfig, record_queries
 
     cfg = LabelConfig(labels=str(tmp_path / "s"), task="press-button", queries=3, episodes=1, candidates=2,
                       segment_length=8, render_size=24)

@@ -1,4 +1,4 @@
-"""The layering of ARCHITECTURE.md, enforced: import-linter's contracts (pyproject.toml) hold,
+"""The layering of docs/architecture.md, enforced: import-linter's contracts (pyproject.toml) hold,
 they break on a deliberate violation, and no module imports itself round a cycle (function-level
 imports included)."""
 

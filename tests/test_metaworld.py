@@ -320,7 +320,7 @@ def test_bench_metaworld_mt10_smoke(tmp_path):
 
 def test_bench_experts_paired_with_metaworld():
     """The adapter's expert episodes and Meta-World's own on the same layouts agree."""
-    from embodied.runtime.bench import bench_experts
+    from embodied.runtime.sim_bench import bench_experts
 
     p = bench_experts("reach-v3", episodes=3, seed=0)
     assert p["steps"] == 200 and p["success_rate"] == 1.0

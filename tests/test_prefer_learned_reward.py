@@ -194,7 +194,7 @@ def test_reward_eval_takes_a_learned_reward_by_registry_name(tmp_path):
 
 def test_recorded_frames_are_the_vlm_cameras_observation_images():
     from embodied.core.registry import make_env
-    from embodied.runtime.prefer import frame_env
+    from rewards.preference.episodes import frame_env
 
     env = frame_env("reach", True, 32, "side")
     pix = make_env("reach", obs_mode="state+pixels", cameras=["side"], image_size=32)
@@ -207,7 +207,7 @@ def test_recorded_frames_are_the_vlm_cameras_observation_images():
 
 # --------------------------------------------------------------------- PEBBLE
 def test_knn_entropy_reward_is_the_log_distance_to_the_kth_neighbour():
-    from embodied.runtime.prefer import knn_entropy_reward
+    from rewards.preference.pebble import knn_entropy_reward
 
     x = np.array([[0.0], [1.0], [3.0], [7.0]], np.float32)
     np.testing.assert_allclose(knn_entropy_reward(x, 1), np.log1p([1, 1, 2, 4]), rtol=1e-6)
@@ -228,7 +228,8 @@ class StateSum(RewardModel):
 
 
 def test_pebble_relabels_the_whole_replay_buffer_with_each_new_reward(tmp_path):
-    from embodied.runtime.prefer import PebbleLearner, PreferConfig
+    from embodied.runtime.prefer import PreferConfig
+    from rewards.preference.pebble import PebbleLearner
 
     cfg = PreferConfig(task="press-button", learner="pebble", pebble_unsup_steps=30, pebble_learning_starts=10,
                        eval_episodes=1, seed=0)

@@ -18,7 +18,7 @@ import torch
 from scipy import stats
 
 from embodied.core.reward import RewardInputError, RewardModel, RewardOutput
-from rewards.preference import metrics as M
+from rewards import quality as M
 from rewards.preference.model import PreferenceReward, RewardConfig, bt_loss, text_features
 from rewards.preference.queries import schedule, select
 from rewards.preference.segments import Query, Segment, Trajectory, sample_pairs
@@ -525,10 +525,11 @@ def test_embodied_prefer_run_eval_and_plot(tmp_path):
 
 def test_a_registered_learner_drives_the_loop_through_the_learner_interface(tmp_path, monkeypatch):
     from embodied.runtime import prefer
+    from rewards.preference.ranking import RankingLearner
 
     calls = []
 
-    class Recorder(prefer.RankingLearner):
+    class Recorder(RankingLearner):
         def improve(self, reward):
             calls.append(type(reward).__name__)
             return super().improve(reward)
@@ -546,7 +547,7 @@ def test_a_registered_learner_drives_the_loop_through_the_learner_interface(tmp_
 
 def test_the_prefer_package_registers_every_learner_and_exports_its_api():
     import embodied.runtime.prefer as prefer
-    from embodied.runtime.prefer.config import LEARNERS
+    from rewards.preference.config import LEARNERS
 
     assert prefer.LEARNERS is LEARNERS and {"ranking", "steer", "pebble"} <= set(LEARNERS)
     assert all(hasattr(prefer, name) for name in prefer.__all__)

@@ -57,7 +57,9 @@ def tiny_reward() -> ClipReward:
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory) -> Path:
     """A reward fitted (two optimiser steps) for the manipulation suite, from the fit command's code."""
-    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig
+    from rewards.vlm.fit_reward import RewardFitConfig
     from rewards.vlm.fit import FitSettings
 
     out = tmp_path_factory.mktemp("fit")
@@ -114,7 +116,7 @@ def test_epic_matches_its_definition_and_invariances():
 
 
 def test_bank_plays_a_new_scene_per_episode_and_labels_every_frame():
-    from embodied.runtime.reward import BankConfig, collect_bank, seed_range
+    from rewards.vlm.bank import BankConfig, collect_bank, seed_range
 
     cfg = BankConfig(seeds=2, seed=10, behaviours=["expert", "partial"], hold_steps=2, frame_stride=2)
     bank = collect_bank(["reach", "press-button"], cfg, 32, progress=False)
@@ -134,14 +136,14 @@ def test_bank_plays_a_new_scene_per_episode_and_labels_every_frame():
 
 # ----------------------------------------------------------------------------- fitting
 def test_episode_progress_labels_rise_from_zero_in_every_episode():
-    from embodied.runtime.reward import episode_progress
+    from rewards.vlm.labels import episode_progress
 
     gt = np.array([0.6, 0.7, 0.8, 1.0, 0.5, 0.4, 0.75, 0.2], np.float32)
     ep = np.array([0, 0, 0, 0, 1, 1, 1, 2])
     p = episode_progress(gt, ep)
     assert np.allclose(p, [0.0, 0.25, 0.5, 1.0, 0.0, 0.0, 0.5, 0.0], atol=1e-6)
     with pytest.raises(ValueError, match="label_progress"):
-        from embodied.runtime.reward import RewardFitConfig
+        from rewards.vlm.fit_reward import RewardFitConfig
 
         RewardFitConfig(label_progress="elapsed")
 
@@ -150,7 +152,7 @@ def _two_episode_bank():
     """A successful episode (first success at step 8, every other frame kept, two hold steps,
     the goal lost on the last) whose dense reward is flat until the success, and an episode
     that never succeeds."""
-    from embodied.runtime.reward import RolloutBank
+    from rewards.vlm.bank import RolloutBank
 
     step = np.array([2, 4, 6, 8, 9, 10, 1, 2, 3, 4])
     episode = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 1])
@@ -165,7 +167,7 @@ def _two_episode_bank():
 
 
 def test_time_labels_rise_along_a_successful_episode_whose_dense_reward_is_flat():
-    from embodied.runtime.reward import captions_from_bank
+    from rewards.vlm.labels import captions_from_bank
 
     bank = _two_episode_bank()
     templates = {"reach": ["reach the goal", "touch the target"]}
@@ -183,7 +185,8 @@ def test_time_labels_rise_along_a_successful_episode_whose_dense_reward_is_flat(
 
 
 def test_time_labels_follow_the_recorded_first_success_of_a_played_bank():
-    from embodied.runtime.reward import LABEL_PROGRESS, BankConfig, collect_bank
+    from rewards.vlm.bank import BankConfig, collect_bank
+    from rewards.vlm.labels import LABEL_PROGRESS
 
     cfg = BankConfig(seeds=1, behaviours=["expert", "random"], hold_steps=3, frame_stride=3)
     bank = collect_bank(["reach"], cfg, 16, progress=False)
@@ -201,7 +204,8 @@ def test_time_labels_follow_the_recorded_first_success_of_a_played_bank():
 
 
 def test_unknown_label_progress_gives_a_clear_error():
-    from embodied.runtime.reward import RewardFitConfig, captions_from_bank
+    from rewards.vlm.fit_reward import RewardFitConfig
+    from rewards.vlm.labels import captions_from_bank
 
     with pytest.raises(ValueError, match=r"label_progress must be one of \['dense', 'episode', 'time'\], got 'steps'"):
         captions_from_bank(_two_episode_bank(), {"reach": ["reach the goal"]}, "steps")
@@ -293,7 +297,8 @@ def test_synthetic_wordings_and_turned_frames_change_the_fit_only_when_asked():
 
 
 def test_weight_average_follows_the_trained_weights_with_its_decay():
-    from rewards.vlm.fit import CaptionedFrames, FitSettings, WeightAverage, fit_image_tower
+    from embodied.nn.average import WeightAverage
+    from rewards.vlm.fit import CaptionedFrames, FitSettings, fit_image_tower
     from rewards.vlm.text import MiniLMText
 
     # the average itself: m <- d m + (1 - d) w after each step, written back on request
@@ -337,7 +342,8 @@ def test_weight_average_follows_the_trained_weights_with_its_decay():
 
 def test_hindsight_captions_add_every_other_goal_of_the_scene():
     from embodied.core.registry import get_task, hindsight_labeller
-    from embodied.runtime.reward import BankConfig, captions_from_bank, collect_bank
+    from rewards.vlm.bank import BankConfig, collect_bank
+    from rewards.vlm.labels import captions_from_bank
 
     tasks = ["goto-landmark", "approach-avoid"]
     bank = collect_bank(tasks, BankConfig(seeds=1, behaviours=["expert", "random"], frame_stride=3), 16,
@@ -433,7 +439,9 @@ def test_hindsight_captions_change_the_fit_only_when_weighted():
 
 
 def test_hindsight_fit_is_refused_for_a_suite_without_a_labeller(tmp_path):
-    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig
+    from rewards.vlm.fit_reward import RewardFitConfig
 
     cfg = RewardFitConfig(suite="metaworld-mt10", tasks=["reach-v3"], bank=BankConfig(seeds=1, behaviours=["random"]),
                           hindsight=True, progress=False)
@@ -466,7 +474,9 @@ def test_relational_state_gives_distances_and_midpoints_in_the_robot_frame():
 
 
 def test_state_features_widen_the_fit_state_targets_and_are_refused_without_them(tmp_path):
-    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig
+    from rewards.vlm.fit_reward import RewardFitConfig
     from rewards.vlm.fit import FitSettings
 
     fitted = {}
@@ -490,7 +500,9 @@ def test_state_features_widen_the_fit_state_targets_and_are_refused_without_them
 
 
 def test_projected_text_keeps_only_the_fitted_goals_directions(tmp_path):
-    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig
+    from rewards.vlm.fit_reward import RewardFitConfig
     from rewards.vlm.fit import FitSettings
     from rewards.vlm.text import MiniLMText, ProjectedText
 
@@ -557,7 +569,9 @@ def test_clause_text_tells_the_goal_from_the_object_to_avoid():
 
 
 def test_clause_text_fit_round_trips_through_its_checkpoint(tmp_path):
-    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig
+    from rewards.vlm.fit_reward import RewardFitConfig
     from rewards.vlm.fit import FitSettings
 
     with pytest.raises(ValueError, match="text_clauses=true reads instructions with the MiniLM text side"):
@@ -678,7 +692,7 @@ def _clip_resnet_with_trained_batchnorm() -> torch.nn.Module:
 @pytest.mark.parametrize("tower", ["resnet", "vit"])
 def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, tower):
     """The TorchScript-frozen tower (BatchNorm folded) scores as the eager one, at every batch size."""
-    from rewards.vlm.model import OnnxTower, inference_encoder
+    from rewards.vlm.export import OnnxTower, inference_encoder
 
     if tower == "resnet":
         fast = ClipReward(_clip_resnet_with_trained_batchnorm(), tiny_reward.text, tiny_reward.preprocess,
@@ -742,7 +756,7 @@ def test_optimised_image_tower_gives_the_eager_rewards(tiny_reward, fitted, towe
 def test_without_onnx_runtime_the_tower_is_frozen_by_torchscript(monkeypatch):
     """Where ONNX Runtime does not import, the tower still runs as a graph (TorchScript) that
     gives the eager embeddings; an unknown runtime name is an error naming the known ones."""
-    from rewards.vlm.model import inference_encoder
+    from rewards.vlm.export import inference_encoder
 
     model = _clip_resnet_with_trained_batchnorm()
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
@@ -761,7 +775,7 @@ def test_first_token_attention_pool_returns_what_open_clips_pool_returns():
     map size and any number of heads."""
     from open_clip.modified_resnet import AttentionPool2d
 
-    from rewards.vlm.model import FirstTokenAttentionPool
+    from rewards.vlm.export import FirstTokenAttentionPool
 
     torch.manual_seed(0)
     for spatial, dim, heads, out in ((2, 64, 8, 96), (3, 32, 1, 16), (4, 48, 6, 48)):
@@ -872,7 +886,9 @@ def test_random_init_open_clip_checkpoint_loads_by_path(tmp_path):
         load_clip_reward(ClipRewardConfig(checkpoint=str(path), arch="RN50"))
 
     # fine-tuning it in-domain: its own text tower locked, saved as a reward folder for the suite
-    from embodied.runtime.reward import BankConfig, RewardFitConfig, run_fit
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig
+    from rewards.vlm.fit_reward import RewardFitConfig
     from rewards.vlm.fit import FitSettings
 
     run_fit(RewardFitConfig(tasks=["reach"], bank=BankConfig(seeds=1, behaviours=["expert"]), arch="RN50",
@@ -968,7 +984,9 @@ def test_wrappers_refuse_an_env_drawn_with_another_supersample(tiny_reward):
 
 
 def test_supersample_fit_round_trips_and_banks_keep_apart(tmp_path):
-    from embodied.runtime.reward import BankConfig, RewardFitConfig, bank_for, run_fit
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig, bank_for
+    from rewards.vlm.fit_reward import RewardFitConfig
     from rewards.vlm.fit import FitSettings
 
     with pytest.raises(ValueError, match="supersample must be in \\[1, 4\\]"):

@@ -45,13 +45,16 @@ def one_thread():
 
 
 class ToyEnv(gym.Env):
-    """A point in [-1, 1]^3 moved by the actions; success within 0.15 of a goal; 12 steps at most."""
+    """A point in [-1, 1]^3 moved by the actions; success within ``radius`` (0.15) of a goal; 12
+    steps at most; episodes end on success unless ``end_on_success=False``."""
 
-    def __init__(self, max_steps: int = 12, render_mode: str | None = None):
+    def __init__(self, max_steps: int = 12, render_mode: str | None = None, radius: float = 0.15,
+                 end_on_success: bool = True):
         self.observation_space = gym.spaces.Dict({"state": gym.spaces.Box(-np.inf, np.inf, (DS,), np.float32),
                                                   "instruction": gym.spaces.Text(64)})
         self.action_space = gym.spaces.Box(-1.0, 1.0, (DA,), np.float32)
         self.max_steps, self.render_mode = max_steps, render_mode
+        self.radius, self.end_on_success = radius, end_on_success
 
     def _obs(self):
         return {"state": np.concatenate([self.x, self.goal[:2]]).astype(np.float32), "instruction": INSTRUCTION}
@@ -67,8 +70,8 @@ class ToyEnv(gym.Env):
         self.x = np.clip(self.x + 0.2 * np.asarray(action), -1, 1)
         self.t += 1
         d = float(np.linalg.norm(self.x - self.goal))
-        success = d < 0.15
-        return self._obs(), 1.0 - d, success, self.t >= self.max_steps, {"success": success,
+        success = d < self.radius
+        return self._obs(), 1.0 - d, success and self.end_on_success, self.t >= self.max_steps, {"success": success,
                                                                           "reward_terms": {"near": 1.0 - d}}
 
     def expert_action(self):
@@ -193,16 +196,83 @@ def test_reward_model_source_reads_states_and_frames():
 
     p = tiny()
     sp = space(p)
-    env = NoiseEnv(ToyEnv(render_mode="rgb_array"), p, sp, reward=Model())
+    env = NoiseEnv(ToyEnv(render_mode="rgb_array", end_on_success=False), p, sp, reward=Model())
     env.reset(seed=0)
     _, r, *_, info = env.step(np.zeros(sp.dim, np.float32))
     assert np.isclose(info["reward_terms"]["frame"], 1 + 2 + 3 + 4)  # frames of steps 1..4
-    replay = ToyEnv()
+    replay = ToyEnv(end_on_success=False)
     replay.reset(seed=0)
     xs = [replay.step(a)[0]["state"][0] for a in info["executed"]]
     assert np.isclose(r, 10 + sum(xs), atol=1e-5)  # frame + state term, summed over the executed steps
     with pytest.raises(ValueError, match="'sparse', 'dense'"):
         NoiseEnv(ToyEnv(), p, sp, reward="shaped")
+
+
+class CountingModel(RewardModel):
+    """Scores a state's first entry; records the batch size of every call."""
+
+    inputs = frozenset({"states"})
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def score(self, frames, states, instruction):
+        self.calls.append(len(states))
+        return RewardOutput(states[:, 0].astype(np.float64), {})
+
+
+@pytest.mark.parametrize("reward", ["constant", "model"])
+def test_a_learned_reward_run_never_receives_a_success_terminated_episode(reward):
+    """Every step succeeds (radius 10). The oracle's episodes end after one chunk; a learned or
+    constant reward refuses an env that ends on success, and on one that does not, each
+    episode runs to the time limit and no info the learner sees says success."""
+    p = tiny()
+    sp = space(p)
+    source = "constant" if reward == "constant" else CountingModel()
+    with pytest.raises(ValueError, match="end_on_success=False"):
+        NoiseVecEnv([lambda: ToyEnv(radius=10.0)] * 2, p, sp, reward=source)
+    oracle = NoiseVecEnv([lambda: ToyEnv(radius=10.0)] * 2, p, sp, reward="sparse")
+    oracle.reset()
+    oracle.step_async(np.zeros((2, sp.dim), np.float32))
+    _, r, dones, infos = oracle.step_wait()
+    assert dones.all() and all(i["env_steps"] == 1 and i["is_success"] for i in infos)  # the oracle's ends
+
+    vec = NoiseVecEnv([lambda: ToyEnv(radius=10.0, end_on_success=False)] * 2, p, sp, reward=source)
+    vec.reset()
+    lengths, seen = [], []
+    for _ in range(9):
+        vec.step_async(np.zeros((2, sp.dim), np.float32))
+        _, rewards, dones, infos = vec.step_wait()
+        seen += infos
+        lengths += [i["episode"]["l"] for i, d in zip(infos, dones) if d]
+        if reward == "constant":
+            assert (rewards == 0.0).all()
+    assert lengths and set(lengths) == {12}  # the time limit, never the success
+    assert not any("success" in i or "is_success" in i for i in seen)
+    assert all(i["TimeLimit.truncated"] for i in seen if "episode" in i)
+
+
+def test_a_learned_rewards_own_success_call_ends_its_episodes():
+    from policies.steering.env import ModelReward
+
+    p = tiny()
+    sp = space(p)
+    model = CountingModel()
+    # state[0] is the point's x in [-1, 1]: a threshold of -2 is met on the first step
+    vec = NoiseVecEnv([lambda: ToyEnv(end_on_success=False)] * 3, p, sp, reward=ModelReward(model, -2.0))
+    vec.reset()
+    vec.step_async(np.zeros((3, sp.dim), np.float32))
+    _, _, dones, infos = vec.step_wait()
+    assert dones.all() and all(i["reward_success"] and i["env_steps"] == 1 for i in infos)
+    assert not any(i["TimeLimit.truncated"] for i in infos)  # terminal: no bootstrap past the call
+    assert model.calls == [3]  # one batch for the three envs' step
+    vec = NoiseVecEnv([lambda: ToyEnv(end_on_success=False)] * 3, p, sp, reward=ModelReward(model, None))
+    model.calls.clear()
+    vec.reset()
+    vec.step_async(np.zeros((3, sp.dim), np.float32))
+    _, _, dones, infos = vec.step_wait()
+    assert not dones.any() and not any(i["reward_success"] for i in infos)
+    assert model.calls == [3] * TA  # the envs step in lockstep: one scoring batch per executed step
 
 
 def test_vec_env_batches_the_decode_and_resets_finished_envs():
@@ -359,6 +429,58 @@ def test_steer_command_smoke(tmp_path):
     assert "reach" in json.loads((tmp_path / "eval/metrics.json").read_text())["per_task"]
 
 
+def test_suite_wide_control_run_and_its_checkpoint_round_trip_through_eval_play_and_serve(tmp_path):
+    """One noise policy for two tasks under the constant-reward control (episodes end at the
+    time limit); the steered checkpoint then evaluates, plays and serves like any other."""
+    import os
+    import time
+
+    from embodied.bridge.client import RemotePolicy
+    from embodied.runtime.evaluate import RowwisePolicy
+
+    ckpt = reach_checkpoint(tmp_path / "base", "flow", tasks=("reach", "push"))
+    run = tmp_path / "steer"
+    embodied("steer", f"checkpoint={ckpt}", "tasks=[reach,push]", "reward=constant", "env_steps=48", "num_envs=2",
+             "eval_every=0", "eval_episodes=1", "final_episodes=2", "videos=0", "steer.batch_size=8",
+             "steer.learning_starts=4", "steer.net_arch=[16,16]", f"hydra.run.dir={run}", cwd=tmp_path)
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["tasks"] == ["reach", "push"] and m["reward_kind"] == "control" and m["episode_end"] == "time limit"
+    assert set(m["per_task_after"]) == {"reach", "push"} and "| push |" in (run / "report.md").read_text()
+    steered = load_trained(run / "checkpoint", device="cpu")
+    assert isinstance(steered, SteeredPolicy)
+
+    embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach,push]", "episodes=2", "videos=0",
+             f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
+    ev = json.loads((tmp_path / "eval/metrics.json").read_text())
+    for t in ("reach", "push"):  # the same seeds as the run's final evaluation: the same figures
+        assert ev["per_task"][t]["success_rate"] == m["per_task_after"][t]["success"]
+    r = subprocess.run([sys.executable, "-m", "embodied.cli", "play", f"checkpoint={run}/checkpoint", "task=push",
+                        "instruction=push the red block to the zone", f"hydra.run.dir={tmp_path}/play"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list((tmp_path / "play").rglob("*.mp4"))
+
+    out = tmp_path / "serve"
+    proc = subprocess.Popen([sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={run}/checkpoint", "port=0",
+                             "device=cpu", "duration_s=300", f"hydra.run.dir={out}"], cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "server.json").exists():
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "embodied serve did not start"
+            time.sleep(0.2)
+        remote = RemotePolicy(json.loads((out / "server.json").read_text())["url"])
+        rng = np.random.default_rng(0)
+        batch = {"state": rng.standard_normal((2, 2, steered.unwrapped.obs_spec.state_dim)).astype(np.float32),
+                 "instruction": ["reach the red target", "push the blue block to the zone"]}
+        assert np.array_equal(remote.predict_chunk(batch), RowwisePolicy(steered).predict_chunk(batch))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_steer_command_refuses_the_mlp_floor_and_bad_settings(tmp_path):
     ckpt = reach_checkpoint(tmp_path / "mlp", "mlp")
     r = embodied("steer", f"checkpoint={ckpt}", "task=reach", f"hydra.run.dir={tmp_path}/s", cwd=tmp_path, check=False)
@@ -431,7 +553,8 @@ def test_steer_command_takes_a_learned_reward_by_name_and_refuses_an_unknown_one
 
     cfg = compose("steer", SteerRunConfig, ["checkpoint=c", "task=reach", "reward=prefer",
                                             f"reward.path={tmp_path / 'reward.pt'}"])
-    assert cfg.reward == {"name": "prefer", "path": str(tmp_path / "reward.pt"), "shift": "none"}
+    assert cfg.reward == {"name": "prefer", "path": str(tmp_path / "reward.pt"), "shift": "none",
+                          "success_threshold": None}
     with pytest.raises(UnknownNameError, match="shaped"):
         SteerRunConfig(checkpoint="c", task="reach", reward={"name": "shaped"})
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from embodied.runtime.eval import EvalConfig
+from embodied.runtime.eval_job import EvalConfig
 from embodied.runtime.distributed import PolicySource, evaluate_sharded
 from embodied.runtime.evaluate import evaluate
 

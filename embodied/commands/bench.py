@@ -1,11 +1,11 @@
-"""``embodied bench``: simulation, rendering, expert and policy figures (see ``embodied.runtime.bench``)."""
+"""``embodied bench``: simulation, rendering, expert and policy figures (see ``embodied.runtime.sim_bench``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from embodied.commands.app import hydra_command, run_dir
-from embodied.runtime.bench import BenchConfig, bench
+from embodied.runtime.sim_bench import BenchConfig, bench
 
 
 @hydra_command("bench", BenchConfig)

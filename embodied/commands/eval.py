@@ -1,4 +1,6 @@
-"""``embodied eval``: success per task with 95% confidence intervals, report and videos (see ``embodied.runtime.eval``)."""
+"""``embodied eval``: success per task with 95% confidence intervals, report and videos.
+
+The job is ``embodied.runtime.eval_job``."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import logging
 from typing import Any
 
 from embodied.commands.app import hydra_command, run_dir
-from embodied.runtime.eval import EvalConfig, log_table, run_eval
+from embodied.runtime.eval_job import EvalConfig, log_table, run_eval
 
 log = logging.getLogger("embodied.eval")
 

@@ -15,8 +15,8 @@ log = logging.getLogger("embodied.steer")
 @hydra_command("steer", SteerRunConfig)
 def main(cfg: SteerRunConfig) -> dict[str, Any]:
     m = steer(cfg, run_dir())
-    log.info("%s on %s: success %s -> %s (held-out wordings %s -> %s) in %d env steps, %.0f s; steered checkpoint %s",
-             m["method"], m["task"], pct(m["success_before"]), pct(m["success_after"]), pct(m["heldout_before"]),
+    log.info("%s on %s (%s reward): success %s -> %s (held-out wordings %s -> %s) in %d env steps, %.0f s; "
+             "steered checkpoint %s", m["method"], m["task"], m["reward_kind"], pct(m["success_before"]), pct(m["success_after"]), pct(m["heldout_before"]),
              pct(m["heldout_after"]), m["env_steps"], m["wall_time_s"], m["checkpoint_out"])
     for name, c in m["compare"].items():
         log.info("  %-13s success %s after %d env steps (%.0f s)", name, pct(c["success_after"]), c["env_steps"],

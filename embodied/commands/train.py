@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied.commands.app import AlreadyDone, hydra_command, run_dir
-from embodied.runtime.eval import log_table
+from embodied.runtime.eval_job import log_table
 from embodied.runtime.train import TrainConfig, finished, move_aside, resume_state, train
 
 log = logging.getLogger("embodied.train")

@@ -1,12 +1,14 @@
-"""Crash-safe file writes shared by everything that keeps what a user recorded (datasets,
-preference labels): write to a temporary name in the same folder, fsync, rename into place,
-fsync the folder. A crash at any moment leaves the old file or the new one, never half of one."""
+"""Crash-safe file writes. ``atomic_write``, for everything that keeps what a user recorded
+(datasets, preference labels): write to a temporary name in the same folder, fsync, rename into
+place, fsync the folder; a crash at any moment leaves the old file or the new one, never half
+of one. ``write_json``, for results (metrics, rollout banks' records): the same rename, no fsync."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -37,3 +39,11 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write JSON atomically (a crash never leaves a half-written file)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=float))
+    os.replace(tmp, path)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from embodied.core.errors import UnknownNameError
+from embodied.core.files import write_json  # noqa: F401  (re-exported: the commands and steer import it here)
 from embodied.core.policy import Episode, Policy, PolicyWrapper, batch_row
 from embodied.core.registry import get_task, make_env
 from embodied.runtime.rollout import EpisodeResult, run_episodes, wilson_interval
@@ -127,7 +127,7 @@ def run_group(policy: Policy | str, task: str, split: str, custom: Sequence[str]
     With ``vector="sync"`` the episodes play one after another in a single environment
     when the policy acts one row at a time (the expert, or a ``RowwisePolicy`` over a policy
     without ``batches_rows``): more in-process environments would batch nothing and only
-    add construction time (see docs/results.md).
+    add construction time.
     """
     if vector == "sync" and (policy == "expert" or (isinstance(policy, RowwisePolicy)
                                                     and not getattr(policy.policy, "batches_rows", False))):
@@ -247,14 +247,6 @@ def _row_noise(seed: int, row: Mapping[str, Any], shape: tuple[int, ...]) -> np.
         feed(k, row[k])
     rng = np.random.default_rng(int.from_bytes(h.digest(), "little"))
     return rng.standard_normal((1, *shape)).astype(np.float32)
-
-
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON atomically (a crash never leaves a half-written file)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=float))
-    os.replace(tmp, path)
 
 
 def _fmt(p: Mapping[str, Any] | None) -> str:

@@ -47,7 +47,7 @@ class PlayConfig:
     ground_instructions: Optional[bool] = None  # null: the checkpoint's setting (policies.common.grounding)
 
     def __post_init__(self) -> None:
-        from embodied.runtime.eval import check_device, check_policy_settings
+        from embodied.runtime.eval_job import check_device, check_policy_settings
 
         if not self.checkpoint and self.policy.get("name") != "expert":
             raise ValueError("give checkpoint=PATH (a trained policy) or policy=expert")

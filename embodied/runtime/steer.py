@@ -1,8 +1,21 @@
 """``embodied steer``: improve a frozen flow/diffusion checkpoint by RL on its initial noise.
 
     embodied steer checkpoint=RUN/checkpoint task=reach reward=sparse env_steps=30000
+    embodied steer checkpoint=RUN/checkpoint suite=manipulation reward=clip reward.checkpoint=FIT/reward
+    embodied steer checkpoint=RUN/checkpoint suite=manipulation reward=constant    # the control
     embodied steer checkpoint=... task=reach steer=na demos=20          # DSRL-NA, from 20 expert episodes
     embodied steer checkpoint=... task=reach compare=[raw_sac,residual_sac,dsrl_na]   # side by side
+
+One noise policy serves every task of the run (``task=`` one, ``tasks=[...]`` or a whole
+``suite=``): it observes the frozen policy's features, which hold the instruction's text
+features, so it is conditioned on language; each training episode plays a task drawn from
+the run's tasks (``sim.mixture.TaskMixture``) with a training wording.
+
+Rewards: ``sparse`` and ``dense`` read the simulator and are the oracle references (episodes
+end on success). Any other reward -- a learned ``RewardModel`` (``clip``, ``prefer``) or the
+``constant`` control -- never sees the simulator's success: its envs are made with
+``end_on_success=False``, so episodes end at the time limit or on the reward model's own
+call (``reward.success_threshold``); success is measured only in evaluation.
 
 Steps: (1) load the checkpoint (refused when its chunk does not depend on noise, e.g. the
 MLP floor) and evaluate it on fixed held-out seeds (``eval_seed`` on; the training
@@ -35,15 +48,20 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from embodied.core.errors import UnknownNameError
-from embodied.core.registry import get_task, load_object, make_env
+from embodied.core.registry import load_object, make_env, resolve_tasks
 from embodied.core.reward import RewardModel
 from embodied.runtime.checkpoints import check_trained_task, load_for_eval, policy_env_kwargs
 from embodied.runtime.evaluate import evaluate, pct, save_videos, write_json
 from policies.steering.config import SteerConfig
 from rewards.registry import REWARDS as REWARD_MODELS
 from rewards.registry import make_reward
+from rewards.wrappers import frame_env_kwargs
+from sim.mixture import TaskMixture
 
 log = logging.getLogger("embodied.steer")
+
+#: rewards that read the simulator (its success, its shaped reward): the oracle references
+ORACLES = ("sparse", "dense")
 
 #: methods a run can compare with its own (``compare=[...]``); dsrl_<algo> is steering with that algorithm
 COMPARE = ("raw_sac", "residual_sac", "dsrl_sac", "dsrl_td3", "dsrl_ppo", "dsrl_na")
@@ -54,9 +72,12 @@ class SteerRunConfig:
     """Schema of ``configs/steer.yaml`` (the noise policy's own fields live in ``configs/steer/``)."""
 
     checkpoint: str = ""  # RUN/checkpoint of `embodied train` (a flow or diffusion policy)
-    task: str = ""
-    # the reward: the config group configs/reward/ (reward=sparse|dense|clip|prefer, its settings as
-    # reward.<key>=value), or from Python also "sparse", "dense" or "module:Class" of a RewardModel
+    task: str = ""  # one task; or tasks=[...]; or suite=NAME (all its tasks): one noise policy for all
+    tasks: list[str] = field(default_factory=list)
+    suite: str = ""
+    # the reward: the config group configs/reward/ (reward=sparse|dense|constant|clip|prefer, its settings
+    # as reward.<key>=value), or from Python also "sparse", "dense", "constant" or "module:Class" of a
+    # RewardModel
     reward: Any = field(default_factory=lambda: {"name": "sparse"})
     reward_kwargs: dict[str, Any] = field(default_factory=dict)  # "module:Class": its constructor arguments
     env_steps: int = 30_000  # environment steps (executed actions) of training, per method
@@ -71,8 +92,9 @@ class SteerRunConfig:
     baseline_utd: int = 1  # raw_sac / residual_sac: gradient steps per transition
     num_envs: int = 4  # training envs (one batched decode per step)
     eval_every: int = 5000  # env steps between evaluations (0: before and after only)
-    eval_episodes: int = 20  # periodic evaluation, per wording split
-    final_episodes: int = 50  # before/after evaluation, per wording split
+    eval_episodes: int = 20  # periodic evaluation, per task and wording split
+    final_episodes: int = 50  # before/after evaluation, per task and wording split
+    eval_envs: int = 8  # envs stepped together in evaluation (results do not depend on it)
     eval_seed: int = 100_000  # held-out seeds: episode k uses eval_seed + k
     # last: each method ends with its last weights; best: with the weights of its best periodic
     # evaluation, which then runs on validation seeds (val_seed + k), disjoint from eval_seed's
@@ -90,9 +112,12 @@ class SteerRunConfig:
         if not self.checkpoint:
             raise ValueError("checkpoint is required: give checkpoint=RUN/checkpoint (a flow or diffusion policy "
                              "trained by `embodied train`)")
-        if not self.task:
-            raise ValueError("task is required: give task=NAME (one of the checkpoint's tasks)")
-        for name in ("env_steps", "num_envs", "eval_episodes", "final_episodes", "threads", "baseline_utd"):
+        given = [k for k in ("task", "tasks", "suite") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of task=NAME, tasks=[...] or suite=NAME (the tasks to steer on), "
+                             f"got {', '.join(given) or 'none'}")
+        for name in ("env_steps", "num_envs", "eval_episodes", "final_episodes", "threads", "baseline_utd",
+                     "eval_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is not allowed: must be >= 1")
         for name in ("eval_every", "demos", "videos", "num_inference_steps", "compare_env_steps"):
@@ -105,12 +130,18 @@ class SteerRunConfig:
             raise UnknownNameError("compare method", bad[0], list(COMPARE))
         if isinstance(self.reward, Mapping):
             self.reward = dict(self.reward)
-            if self.reward.get("name") in ("sparse", "dense"):
+            threshold = self.reward.get("success_threshold")
+            if self.reward.get("name") in ORACLES:
                 self.reward = str(self.reward["name"])
-            elif self.reward.get("name") not in REWARD_MODELS:
-                raise UnknownNameError("reward", str(self.reward.get("name")), ["sparse", "dense", *REWARD_MODELS])
-        elif not isinstance(self.reward, str) or (self.reward not in ("sparse", "dense") and ":" not in self.reward):
-            raise ValueError(f"reward={self.reward!r} is not allowed: must be 'sparse', 'dense', one of "
+            elif self.reward.get("name") != "constant" and self.reward.get("name") not in REWARD_MODELS:
+                raise UnknownNameError("reward", str(self.reward.get("name")), [*ORACLES, "constant", *REWARD_MODELS])
+            if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
+                raise ValueError(f"reward.success_threshold={threshold!r} is not allowed: a finite number (a step "
+                                 "whose learned reward reaches it ends the episode) or null (time limit only)")
+        elif self.reward == "constant":
+            self.reward = {"name": "constant", "value": 0.0}
+        elif not isinstance(self.reward, str) or (self.reward not in ORACLES and ":" not in self.reward):
+            raise ValueError(f"reward={self.reward!r} is not allowed: must be 'sparse', 'dense', 'constant', one of "
                              f"{list(REWARD_MODELS)} (reward=NAME reward.<key>=value) or 'module:Class' of a RewardModel")
         if self.select not in ("last", "best"):
             raise ValueError(f"select={self.select!r} is not allowed: must be 'last' or 'best'")
@@ -123,6 +154,32 @@ class SteerRunConfig:
                                  f"... {self.eval_seed + self.final_episodes - 1}: selection must not see them")
         if not self.splits or any(s not in ("train", "heldout") for s in self.splits):
             raise ValueError(f"splits={self.splits} is not allowed: a non-empty list of 'train', 'heldout'")
+
+
+def merge_frame_kwargs(policy_kw: Mapping[str, Any], frame_kw: Mapping[str, Any]) -> dict[str, Any]:
+    """Env arguments under which an env gives the policy its observations (``policy_kw``) and a
+    reward model its frames (``frame_kw``, from ``frame_env_kwargs``). A state policy gains the
+    reward's camera as an extra observation image; a pixel policy must already observe it at
+    that side. Anti-aliasing changes observation images too, so a pixel policy refuses it."""
+    kw = dict(policy_kw)
+    pixels = kw.get("obs_mode", "state") != "state"
+    if "render_mode" in frame_kw:
+        kw.update(render_mode=frame_kw["render_mode"], render_size=frame_kw["render_size"])
+    else:
+        cam, side = frame_kw["cameras"][0], frame_kw["image_size"]
+        if not pixels:
+            kw.update(obs_mode="state+pixels", cameras=[cam], image_size=side)
+        elif list(kw.get("cameras", []))[:1] != [cam] or kw.get("image_size") != side:
+            raise ValueError(f"the reward reads the {cam!r} camera at {side} px, but this pixel policy observes "
+                             f"{kw.get('cameras')} at {kw.get('image_size')} px: use a reward fitted on the "
+                             "policy's own view, or one that reads render() frames")
+    k = int(frame_kw.get("supersample", 1))
+    if k != 1:
+        if pixels:
+            raise ValueError(f"the reward reads frames anti-aliased with supersample={k}, which would change this "
+                             "pixel policy's observation images: use a reward fitted with supersample=1")
+        kw["supersample"] = k
+    return kw
 
 
 def make_reward_model(spec: str, kwargs: dict[str, Any]) -> RewardModel:
@@ -157,43 +214,71 @@ class Steering:
 
         self.cfg, self.out = cfg, out
         torch.set_num_threads(cfg.threads)
-        get_task(cfg.task)
+        self.tasks = resolve_tasks(cfg.suite or None, cfg.tasks or ([cfg.task] if cfg.task else None))
         self.base = load_for_eval(cfg.checkpoint, cfg.device, cfg.num_inference_steps)
         if isinstance(self.base, SteeredPolicy):
             raise ValueError(f"checkpoint {cfg.checkpoint!r} is already steered (it has a steering.json); give the "
                              "checkpoint of `embodied train` it was steered from")
         check_steerable(self.base)
-        check_trained_task(self.base, cfg.task, cfg.checkpoint)
+        for task in self.tasks:
+            check_trained_task(self.base, task, cfg.checkpoint)
         # the run's seed reaches the learner too (SB3 also seeds the training envs from it)
         self.steer_cfg = replace(cfg.steer, seed=cfg.steer.seed + cfg.seed)
         self.main = f"dsrl_{self.steer_cfg.algo}"  # the run's own method; cfg.compare's are the others
         self.space = NoiseSpace.for_policy(self.base, self.steer_cfg)
-        self.env_kw = policy_env_kwargs(self.base, [cfg.task])
-        self.reward: Any = cfg.reward
-        train_kw = dict(self.env_kw, instruction_split="train")
-        if isinstance(cfg.reward, dict) or ":" in cfg.reward:
-            self.reward = (make_reward(cfg.reward) if isinstance(cfg.reward, dict)
-                           else make_reward_model(cfg.reward, cfg.reward_kwargs))
-            if "frames" in self.reward.inputs:
-                train_kw["render_mode"] = "rgb_array"
-        self.make_train_env: Callable[[], Any] = partial(make_env, cfg.task, **train_kw)
-        self.task_arg = cfg.task if self.base.unwrapped.config.text_encoder == "onehot" else None
+        self.env_kw = policy_env_kwargs(self.base, self.tasks)
+        self.reward, train_kw, self.episode_end = self._reward(dict(self.env_kw, instruction_split="train"))
+        if len(self.tasks) == 1:
+            self.make_train_env: Callable[[], Any] = partial(make_env, self.tasks[0], **train_kw)
+        else:
+            self.make_train_env = partial(TaskMixture, self.tasks, **train_kw)
+        onehot = self.base.unwrapped.config.text_encoder == "onehot"
+        if onehot and len(self.tasks) > 1 and cfg.compare:
+            raise ValueError("compare=[...] runs single-task baselines: with a one-hot policy, give one task=NAME")
+        self.task_arg = self.tasks[0] if onehot and len(self.tasks) == 1 else None
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(out / "tb"))
 
+    def _reward(self, env_kw: dict[str, Any]) -> tuple[Any, dict[str, Any], str]:
+        """(the reward source or name, the training envs' arguments, how episodes end).
+
+        An oracle reward keeps the tasks' success ends. Any other reward's envs never end on
+        success, and draw the frames a reward model reads (its camera, frame side and
+        anti-aliasing: ``rewards.wrappers.frame_env_kwargs``)."""
+        from policies.steering.env import ConstantReward, ModelReward
+
+        reward = self.cfg.reward
+        if isinstance(reward, str) and reward in ORACLES:
+            return reward, env_kw, "success or time limit (oracle)"
+        env_kw = dict(env_kw, end_on_success=False)
+        if isinstance(reward, dict) and reward["name"] == "constant":
+            return ConstantReward(float(reward.get("value", 0.0))), env_kw, "time limit"
+        threshold = reward.get("success_threshold") if isinstance(reward, dict) else None
+        model = (make_reward(reward) if isinstance(reward, dict) else make_reward_model(reward, self.cfg.reward_kwargs))
+        if "frames" in model.inputs:
+            env_kw = merge_frame_kwargs(env_kw, frame_env_kwargs(model.camera, model.image_size or 64,
+                                                                 model.supersample))
+        end = "time limit" if threshold is None else f"time limit, or the reward model's reward >= {threshold}"
+        return ModelReward(model, threshold), env_kw, end
+
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, policy: Any, episodes: int, videos: int = 0,
                  seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Success on the held-out seeds (or from ``seed``): ``success`` (training wordings), ``heldout``
-        (held-out wordings)."""
+        """Success on the held-out seeds (or from ``seed``), mean over the run's tasks: ``success``
+        (training wordings), ``heldout`` (held-out wordings), ``per_task``."""
         seed = self.cfg.eval_seed if seed is None else seed
-        metrics, results = evaluate(policy, [self.cfg.task], episodes, self.cfg.splits, seed,
-                                    num_envs=1, vector="sync", env_kwargs=self.env_kw, videos=videos,
-                                    progress=False)
-        p = metrics["per_task"][self.cfg.task]
-        summary = {"success": p.get("success_rate"), "heldout": p.get("heldout", {}).get("success_rate"),
-                   "ci": [p["ci_low"], p["ci_high"]] if "ci_low" in p else None, "episodes": episodes}
+        metrics, results = evaluate(policy, self.tasks, episodes, self.cfg.splits, seed,
+                                    num_envs=self.cfg.eval_envs, vector="sync", env_kwargs=self.env_kw,
+                                    videos=videos, progress=False)
+        per_task = {t: {"success": p.get("success_rate"), "heldout": p.get("heldout", {}).get("success_rate")}
+                    for t, p in metrics["per_task"].items()}
+        ci = None
+        if len(self.tasks) == 1 and "ci_low" in metrics["per_task"][self.tasks[0]]:
+            p = metrics["per_task"][self.tasks[0]]
+            ci = [p["ci_low"], p["ci_high"]]
+        summary = {"success": metrics.get("success_rate"), "heldout": metrics.get("heldout_paraphrase_success_rate"),
+                   "ci": ci, "episodes": episodes, "per_task": per_task}
         return summary, results
 
     def point(self, name: str, policy: Any, env_steps: int, curve: list[dict[str, Any]]) -> dict[str, float]:
@@ -201,7 +286,8 @@ class Steering:
         t = time.time()
         s, _ = self.evaluate(policy, self.cfg.eval_episodes,
                              seed=self.cfg.val_seed if self.cfg.select == "best" else None)
-        curve.append({"env_steps": int(env_steps), **s, "eval_time_s": time.time() - t})
+        curve.append({"env_steps": int(env_steps), **{k: v for k, v in s.items() if k != "per_task"},
+                      "eval_time_s": time.time() - t})
         for key in ("success", "heldout"):
             if s[key] is not None:
                 self.tb.add_scalar(f"{name}/{key}", s[key], env_steps)
@@ -371,9 +457,15 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
                            "env_steps": r.env_steps, "wall_time_s": r.wall_time_s, "train_success": r.train_success,
                            **r.extra, **table[r.name]}
     metrics = {
-        "task": cfg.task, "checkpoint": cfg.checkpoint, "method": main, "reward": cfg.reward,
+        "task": s.tasks[0] if len(s.tasks) == 1 else cfg.suite or ",".join(s.tasks), "tasks": s.tasks,
+        "checkpoint": cfg.checkpoint, "method": main, "reward": cfg.reward,
+        "reward_kind": ("oracle" if isinstance(cfg.reward, str) and cfg.reward in ORACLES
+                        else "control" if isinstance(cfg.reward, dict) and cfg.reward["name"] == "constant"
+                        else "learned"),
+        "episode_end": s.episode_end,
         "success_before": before["success"], "heldout_before": before["heldout"],
         "success_after": after["success"], "heldout_after": after["heldout"],
+        "per_task_before": before["per_task"], "per_task_after": after["per_task"],
         "ci_before": before["ci"], "ci_after": after["ci"], "final_episodes": cfg.final_episodes,
         "env_steps": steered.env_steps, "steps_to_reach": steps_to_reach(steered.curve, target),
         "target_success": target,
@@ -431,7 +523,9 @@ def plot_curves(path: Path, metrics: dict[str, Any]) -> Path:
     ax.set_ylim(-0.03, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"{metrics['task']}: steering a frozen policy ({metrics['reward']} reward)", fontsize=10)
+    reward = metrics["reward"]["name"] if isinstance(metrics["reward"], dict) else metrics["reward"]
+    ax.set_title(f"{metrics['task']}: steering a frozen policy ({reward} reward, {metrics['reward_kind']})",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -450,12 +544,20 @@ def format_ratio(ratio: float | None, at_least: float | None) -> str:
 
 
 def write_report(out: Path, m: dict[str, Any]) -> Path:
-    lines = [f"# Steering {m['checkpoint']} on {m['task']}", "",
+    lines = [f"# Steering {m['checkpoint']} on {', '.join(m['tasks'])}", "",
              f"{m['method']}, {m['reward']} reward, {m['env_steps']} env steps, {m['wall_time_s']:.0f} s. Success on "
              f"{m['final_episodes']} held-out seeds per wording split:", "",
              "| | training wordings | held-out wordings |", "|---|---|---|",
              f"| before | {pct(m['success_before'])} | {pct(m['heldout_before'])} |",
-             f"| after | {pct(m['success_after'])} | {pct(m['heldout_after'])} |", ""]
+             f"| after | {pct(m['success_after'])} | {pct(m['heldout_after'])} |", "",
+             f"Reward: {m['reward_kind']}; training episodes end at: {m['episode_end']}.", ""]
+    if len(m["tasks"]) > 1:
+        lines += ["| task | before | after | held-out wordings before | after |", "|---|---|---|---|---|"]
+        for t in m["tasks"]:
+            b, a = m["per_task_before"][t], m["per_task_after"][t]
+            lines.append(f"| {t} | {pct(b['success'])} | {pct(a['success'])} | {pct(b['heldout'])} | "
+                         f"{pct(a['heldout'])} |")
+        lines.append("")
     if m.get("select") == "best":
         lines += [f"select=best: the weights kept are those of {m['selected_env_steps']} env steps, the best periodic "
                   f"evaluation ({pct(m['selected_val_success'])}, both wording splits) on validation seeds from "

@@ -124,7 +124,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from embodied.runtime.collect import check_image_args
         from embodied.runtime.data import ON_CORRUPT
-        from embodied.runtime.eval import check_device
+        from embodied.runtime.eval_job import check_device
 
         for name in ("demos", "steps", "batch_size", "eval_episodes", "eval_episodes_periodic", "save_every",
                      "num_envs"):
@@ -227,9 +227,8 @@ class Batcher:
 def free_cores(window_s: float = 0.5) -> int:
     """CPU cores not busy now (CPU use over ``window_s`` seconds, from /proc/stat), at least one.
 
-    On 2 cores, training alone ran 1.5x faster with 2 torch threads than with 1; with another
-    job on the machine, more threads than free cores stalled torch (up to 50x). Without
-    /proc/stat (not Linux): half the cores.
+    Training uses this many torch threads unless ``threads`` is set: more threads than free cores
+    make torch's threads wait for each other. Without /proc/stat (not Linux): half the cores.
     """
     n = os.cpu_count() or 1
 

@@ -374,7 +374,7 @@ class TorchPolicy(Policy, nn.Module):
         """AdamW over the trainable weights (not the EMA copy nor the normaliser).
 
         Uses the fused kernel on CPU and CUDA: on a CPU the per-tensor implementation is a
-        large share of a small policy's training step (docs/results.md).
+        large share of a small policy's training step.
         """
         c = self.config
         fused = self.device.type in ("cpu", "cuda")

@@ -57,8 +57,7 @@ class PolicyConfig:
         obs_dim: size of the observation feature vector.
         image_keypoints: spatial-softmax keypoints per camera (pixels only).
         image_channels: width of the conv trunk (its first two layers; the last two have twice
-            as many). 16 trains ~3x faster on a CPU than 32 (0.12 s vs 0.33 s forward+backward
-            for 64 frames of 64x64 on one thread); raise it on a GPU.
+            as many). Small for a CPU; raise it on a GPU.
         crop_pad: random-shift augmentation in pixels (0 turns it off; pixels only).
         aux_state_dim: size of the privileged (full) state that a pixel policy learns to
             predict from its image features, an auxiliary loss that teaches the keypoints to
@@ -74,9 +73,8 @@ class PolicyConfig:
             pooling nearly erases) or ``"mean"`` (the pooled sentence vector only).
         text_queries: attention queries of ``text_pool="attention"``.
         text_token_dropout: probability that a training step hides a token of the instruction
-            from the attention (word dropout; 0: off). On Meta-World MT50's wordings, a
-            text-only task classifier generalised from 30 training to the held-out wordings
-            at 78% without it and 81% with 0.2.
+            from the attention (word dropout; 0: off), so that no single word decides the task
+            and held-out wordings are read as their training paraphrases.
         text_feature_dropout: dropout on the projected text features in training (0: off).
         text_film: FiLM-modulate the state MLP with the text features (see ``ObsEncoder``).
         ground_instructions: at the start of an episode, replace a wording the policy was not
@@ -180,12 +178,10 @@ class DenoiserConfig(PolicyConfig):
     """Fields of the noise-conditioned network shared by flow and diffusion policies.
 
     Attributes:
-        net: ``"mlp"`` (FiLM residual MLP over the flattened chunk; the default: a
-            training step at batch 256 takes ~40 ms on one CPU thread, ~11x less than the
-            U-Net's; the flow policy with it reached 92.8% success (88% on held-out wordings)
-            on the manipulation suite after 16k steps at batch 128, ~11 min on one CPU thread
-            shared with another job) or ``"unet"`` (1-D temporal conv U-Net with FiLM, as in
-            Diffusion Policy; for long smooth chunks, pixels, or a GPU).
+        net: ``"mlp"`` (FiLM residual MLP over the flattened chunk; the default: its training
+            step costs far less on a CPU than the U-Net's; see docs/results/policies.md) or
+            ``"unet"`` (1-D temporal conv U-Net with FiLM, as in Diffusion Policy; for long
+            smooth chunks, pixels, or a GPU).
         hidden: width of the MLP denoiser.
         n_layers: residual blocks of the MLP denoiser.
         time_emb_dim: size of the sinusoidal time embedding.

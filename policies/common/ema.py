@@ -13,6 +13,8 @@ import copy
 import torch
 from torch import nn
 
+from embodied.nn.average import lerp_average
+
 
 def ema_decay(step: int, power: float = 0.75, max_decay: float = 0.9999) -> float:
     """Decay used for the update after ``step`` completed updates (0 for the first)."""
@@ -39,11 +41,7 @@ class EMA(nn.Module):
     def update(self, model: nn.Module) -> float:
         """Move the average towards ``model``'s current weights; returns the decay used."""
         decay = ema_decay(int(self.step), self.power, self.max_decay)
-        avg = [p for p in self.averaged.parameters()]
-        cur = [p.detach() for p in model.parameters()]
-        if len(avg) != len(cur):
-            raise ValueError("EMA.update: the model does not have the averaged copy's parameters")
-        torch._foreach_lerp_(avg, cur, 1.0 - decay)
+        lerp_average(list(self.averaged.parameters()), [p.detach() for p in model.parameters()], decay)
         for b_avg, b_cur in zip(self.averaged.buffers(), model.buffers()):
             b_avg.copy_(b_cur)
         self.step += 1

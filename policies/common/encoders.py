@@ -131,7 +131,7 @@ class TextPool(nn.Module):
         shift, the logit ``q . key(g n + b) = ((W_k^T q) * g) . n + c_q``, where the constant c_q
         cancels in the softmax; and since the weights a sum to one, ``sum_t a_t value(g n_t + b) =
         value(g (sum_t a_t n_t) + b)``. So the L tokens meet Q query vectors rather than two D x
-        key_dim matrices, a faster training step (docs/results.md). The parameters, and so checkpoints, are those of the direct form;
+        key_dim matrices. The parameters, and so checkpoints, are those of the direct form;
         ``tests/test_policies.py`` checks that both agree.
         """
         n = F.layer_norm(tokens, tokens.shape[-1:], eps=self.norm.eps)  # (B, L, D)
@@ -148,8 +148,8 @@ class ObsEncoder(nn.Module):
     The state MLP is FiLM-modulated by the text features (Perez et al. 2018): each hidden
     layer is ``mish(h * (1 + s) + b)`` with (s, b) a linear function of the text. This lets
     the instruction select which parts of the state matter (e.g. *which* block to reach)
-    before the features reach the head; leaving that gating to the head's concatenated
-    input learned more slowly in our manipulation suite (docs/results.md).
+    before the features reach the head, rather than leaving that gating to the head's
+    concatenated input.
 
     Args:
         state_dim: Ds.

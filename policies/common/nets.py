@@ -5,7 +5,7 @@ cond = [observation features || text features] comes from the policy's encoders.
 
 - ``MLPDenoiser`` (default): the chunk is flattened (H*Da values) and passed through
   residual blocks ``h + W2 mish(W1 (LN(h) * (1 + s) + b))`` with per-block (s, b) from the
-  conditioning. Cheap on a CPU: a training step is much faster than the U-Net's (docs/results.md).
+  conditioning. Cheap on a CPU: a training step costs far less than the U-Net's.
 - ``ConditionalUnet1D``: Diffusion Policy's 1-D temporal conv U-Net (Chi et al. 2023):
   residual conv blocks with GroupNorm and FiLM, downsampling by 2 per level, skip
   connections. Better inductive bias for long, smooth chunks and pixel policies.
@@ -67,8 +67,8 @@ def row_invariant() -> Iterator[None]:
     batch of one uses, and mish runs row by row when a row's length is not a multiple of
     the vector loop's. Softmax, layer norm and the other element-wise ops used by the
     state models already act row by row. ``tests/test_policies.py`` checks whole policies
-    bitwise, rows alone against rows batched. Cost: 10 rows of the MT10 flow policy take
-    2.3 ms a row against 6.9 ms one by one (one thread). Used by
+    bitwise, rows alone against rows batched. Rows batched this way still cost less than
+    one call per row. Used by
     ``TorchPolicy.predict_rows``; it patches ``torch.nn.functional`` for the whole process
     while any such block is open.
     """

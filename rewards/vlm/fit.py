@@ -58,6 +58,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from embodied.nn.average import WeightAverage
 from rewards.vlm.model import ImagePreprocess
 
 log = logging.getLogger("rewards.vlm.fit")
@@ -231,28 +232,6 @@ def dihedral_transform(x: torch.Tensor, k: np.ndarray) -> torch.Tensor:
         y = torch.rot90(x[rows], int(e) % 4, dims=(-2, -1))
         out[rows] = torch.flip(y, dims=(-1,)) if e >= 4 else y
     return out
-
-
-class WeightAverage:
-    """An exponential moving average of tensors trained in place (a module's parameters and
-    buffers): ``update()`` after each optimiser step, ``copy_to_live()`` writes the average back.
-    Floating tensors are averaged; others (BatchNorm's step counters) are left as trained."""
-
-    def __init__(self, tensors: list[torch.Tensor], decay: float):
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"the average's decay must be in (0, 1), got {decay}")
-        self.decay = decay
-        self.live = [t.detach() for t in tensors if t.is_floating_point()]  # views of the trained storage
-        self.mean = [t.clone() for t in self.live]
-
-    @torch.no_grad()
-    def update(self) -> None:
-        torch._foreach_lerp_(self.mean, self.live, 1.0 - self.decay)
-
-    @torch.no_grad()
-    def copy_to_live(self) -> None:
-        for t, m in zip(self.live, self.mean):
-            t.copy_(m)
 
 
 class EpisodePartners:

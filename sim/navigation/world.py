@@ -27,10 +27,9 @@ read) show the path the robot has driven since reset as magenta discs on the flo
 (``TRAIL_*``), so that a single frame tells where the episode has been (approach-avoid fails
 once the robot came near the avoided ball, which the robot's current position alone does not
 show). Only the drawn scene changes: observation images (what pixel policies read) and the
-simulation are the same either way. Off by default because the CLIP reward fitted on frames
-with the trail scored the navigation suite worse on the whole (better on approach-avoid, much
-worse on goto-room; docs/results.md, issue 16). A reward fitted on frames with the trail must
-be used on such frames.
+simulation are the same either way. Off by default: the CLIP reward fitted on frames with the
+trail scores the navigation suite worse on the whole (see docs/results/vlm-rewards.md). A reward
+fitted on frames with the trail must be used on such frames.
 
 Reward terms (each in [0, 1]):
     ``progress``: 1 - (planner cost-to-go to the goal region) / 8 m, clipped.

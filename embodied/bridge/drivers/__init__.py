@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
 from embodied.core.errors import UnknownNameError
+from embodied.core.registry import load_object
 from embodied.core.robot import Robot
 
 DRIVERS = {
@@ -27,8 +27,7 @@ def make_robot(kind: str, **kwargs: Any) -> Robot:
     """The driver ``kind`` (a key of ``DRIVERS``) built with ``kwargs``."""
     if kind not in DRIVERS:
         raise UnknownNameError("robot driver", kind, list(DRIVERS))
-    module, _, attr = DRIVERS[kind].partition(":")
-    factory = getattr(importlib.import_module(module), attr)
+    factory = load_object(DRIVERS[kind], f"robot driver {kind!r}")
     params = inspect.signature(factory).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(kwargs) - set(params))

@@ -1,4 +1,7 @@
-"""``embodied prefer``: learn a reward from preferences with any teacher, and improve a policy with it.
+"""``embodied prefer`` and ``embodied label`` wired to the preference room (``rewards.preference``),
+with the learner that needs another room: ``steering`` (the ``steer`` learner, latent-noise
+steering of a policy checkpoint with the learned reward; ``policies.steering`` through
+``embodied steer``).
 
     embodied prefer task=press-button teacher=oracle                   # simulated teacher (B-Pref presets)
     embodied prefer task=press-button teacher=mistake labels=labels/pb  # reuse and extend a label store
@@ -10,34 +13,20 @@
     embodied prefer plot runs=[outputs/prefer/a,outputs/prefer/b] out=curve.png
 
 Learners (``LEARNERS``): ``ranking`` selects the best of K scripted candidate trajectories by the
-learned reward (no policy is trained); ``steer`` trains a policy by latent-noise steering of a
-checkpoint (``SteerLearner``); ``pebble`` is PEBBLE on SAC in raw action space (``PebbleLearner``).
+learned reward (no policy is trained; ``rewards.preference.ranking``); ``pebble`` is PEBBLE on SAC
+in raw action space (``rewards.preference.pebble``); ``steer`` trains a policy by latent-noise
+steering of a checkpoint (``SteerLearner``, here). The loop, its schema and the labelling page are
+the room's (``rewards.preference.loop``, ``.config``, ``.labels``).
 
-One module per part, each importing only the ones above it:
-
-- ``config``: the run's schema (``PreferConfig``), the ``Learner`` contract and its registry;
-- ``episodes``: playing an episode into a ``Trajectory`` (padded to the time limit), behaviours;
-- ``ranking``, ``steer_learner``, ``pebble``: the learners, each registered where it is defined;
-- ``quality``: held-out reward quality and the figure of several runs;
-- ``loop``: the round loop (``run_prefer``, read it top to bottom) and ``evaluate_reward``;
-- ``labels``: ``embodied label``, the labelling page for a person.
-
-Everything public is re-exported here; importing the package registers every learner.
+What the commands call is re-exported here; importing the package registers every learner.
 """
 
-from embodied.runtime.prefer.config import (ACTIONS, LEARNERS, TEACHERS, Learner, LearnerFactory, PreferConfig,
-                                            register_learner)
-from embodied.runtime.prefer.episodes import (HELDOUT_SEED, candidate_behaviour, frame_env, policy_behaviour,
-                                              rollout, trajectory_return)
-from embodied.runtime.prefer.ranking import RankingLearner
-from embodied.runtime.prefer.steer_learner import SteerLearner
-from embodied.runtime.prefer.pebble import PebbleLearner, StateRewardEnv, knn_entropy_reward
-from embodied.runtime.prefer.quality import oracle_targets, plot_runs, reward_quality
-from embodied.runtime.prefer.loop import evaluate_reward, load_vlm, make_teacher, run_prefer
-from embodied.runtime.prefer.labels import LabelConfig, record_queries, serve_labels
+from embodied.runtime.prefer.steering import SteerLearner
+from rewards.preference import pebble, ranking  # noqa: F401  (importing a learner's module registers it)
+from rewards.preference.config import ACTIONS, LEARNERS, PreferConfig
+from rewards.preference.labels import LabelConfig, serve_labels
+from rewards.preference.loop import evaluate_reward, run_prefer
+from rewards.preference.report import plot_runs
 
-__all__ = ["ACTIONS", "HELDOUT_SEED", "LEARNERS", "TEACHERS", "LabelConfig", "Learner", "LearnerFactory",
-           "PebbleLearner", "PreferConfig", "RankingLearner", "StateRewardEnv", "SteerLearner", "candidate_behaviour",
-           "evaluate_reward", "frame_env", "knn_entropy_reward", "load_vlm", "make_teacher", "oracle_targets",
-           "plot_runs", "policy_behaviour", "record_queries", "register_learner", "reward_quality", "rollout",
-           "run_prefer", "serve_labels", "trajectory_return"]
+__all__ = ["ACTIONS", "LEARNERS", "LabelConfig", "PreferConfig", "SteerLearner", "evaluate_reward", "plot_runs",
+           "run_prefer", "serve_labels"]

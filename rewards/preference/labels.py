@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from embodied.runtime.prefer.episodes import HELDOUT_SEED
-from embodied.runtime.prefer.ranking import RankingLearner
+from rewards.preference.episodes import HELDOUT_SEED
 from rewards.preference.queries import check_choice
+from rewards.preference.ranking import RankingLearner
 from rewards.preference.segments import sample_pairs
 from rewards.preference.store import ON_MALFORMED, LabelStore
 

@@ -1,4 +1,4 @@
-"""Held-out quality of a learned reward, and the figure comparing prefer runs."""
+"""The figure comparing ``embodied prefer`` runs (``embodied prefer plot``)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from embodied.runtime.prefer.episodes import trajectory_return
-from rewards.preference import metrics as M
-from rewards.preference.model import PreferenceReward
-from rewards.preference.segments import Query, Trajectory
-
-
-def oracle_targets(queries: Sequence[Query]) -> np.ndarray:
-    """Exact ground-truth preference P[right ≻ left] (0.5 on an exact tie)."""
-    return np.array([0.5 if q.left.ret == q.right.ret else float(q.right.ret > q.left.ret) for q in queries])
-
-
-def reward_quality(model: PreferenceReward, pairs: Sequence[Query], targets: np.ndarray,
-                   trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Held-out preference accuracy, ECE, return Spearman and success AUROC of a learned reward."""
-    p = model.predict(pairs).mean(0)
-    learned = np.array([trajectory_return(model, t) for t in trajs])
-    return {"accuracy": M.preference_accuracy(p, targets), "ece": M.expected_calibration_error(p, targets),
-            "return_spearman": M.spearman(learned, [t.ret for t in trajs]),
-            "success_auroc": M.auroc(learned, [t.success for t in trajs])}
 
 
 def plot_runs(runs: Sequence[str], out: Path) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from embodied.core.reward import RewardModel
-from embodied.runtime.prefer.config import PreferConfig, register_learner
-from embodied.runtime.prefer.episodes import HELDOUT_SEED, frame_env, policy_behaviour, rollout
+from rewards.preference.config import PreferConfig, register_learner
+from rewards.preference.episodes import HELDOUT_SEED, frame_env, policy_behaviour, rollout
 from rewards.preference.model import PreferenceReward
 from rewards.preference.segments import Trajectory
 

@@ -1,25 +1,19 @@
-"""Bridge benchmark: round-trip latency on loopback and the control loop's period jitter.
+"""The bridge's round-trip latency on loopback and the control loop's period jitter.
 
-    python -m embodied.bridge.bench                      # also: embodied robot bench
-    python -m embodied.bridge.bench --requests 1000 --loop-steps 500 --out bench.json
-    python -m embodied.bridge.bench --url ws://127.0.0.1:8000 --state-dim 39   # a running server
-
-Without ``--url`` a policy server with a constant policy (no inference cost: what is
-measured is the bridge) runs in a child process, so client and server do not share an
-interpreter. Measured: request -> response round trips for state observations
-(``state`` (To, Ds) + instruction) and for two 224x224x3 uint8 camera images, p50/p99;
-then a ``ControlLoop`` at ``--rate-hz`` over a robot that answers at once, driven by the
-served policy: the period jitter |period - 1/rate| p50/p99/max and overruns.
+Measured by ``embodied robot bench`` (``embodied.runtime.robot``). Without a ``url`` a policy
+server with a constant policy (no inference cost: what is measured is the bridge) runs in a
+child process (``python -m embodied.bridge.latency STATE_DIM ACTION_DIM IMAGE_SIZE HORIZON``),
+so client and server do not share an interpreter. Measured: request -> response round trips for
+state observations (``state`` (To, Ds) + instruction) and for two 224x224x3 uint8 camera
+images, p50/p99; then a ``ControlLoop`` at ``rate_hz`` over a robot that answers at once,
+driven by the served policy: the period jitter |period - 1/rate| p50/p99/max and overruns.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -75,15 +69,15 @@ class InstantRobot(Robot):
         self._on = False
 
 
-def _serve(args: argparse.Namespace) -> None:
+def serve_constant(state_dim: int, action_dim: int, image_size: int, horizon: int) -> None:
     """Two constant-policy servers, one for state and one for two-camera observations; prints their URLs."""
     from embodied.bridge.server import PolicyServer, policy_metadata
 
-    p = ConstantPolicy(args.horizon, 4, args.action_dim)
-    state = PolicyServer(p, "127.0.0.1", 0, metadata=policy_metadata(p, state_dim=args.state_dim,
-                                                                      action_dim=args.action_dim)).start()
-    meta = policy_metadata(p, state_dim=args.state_dim, action_dim=args.action_dim,
-                           cameras=list(CAMERAS), image_size=args.image_size, obs_mode="pixels")
+    p = ConstantPolicy(horizon, 4, action_dim)
+    state = PolicyServer(p, "127.0.0.1", 0, metadata=policy_metadata(p, state_dim=state_dim,
+                                                                      action_dim=action_dim)).start()
+    meta = policy_metadata(p, state_dim=state_dim, action_dim=action_dim,
+                           cameras=list(CAMERAS), image_size=image_size, obs_mode="pixels")
     pixels = PolicyServer(p, "127.0.0.1", 0, metadata=meta)
     print(state.url, pixels.url, flush=True)
     pixels.serve_forever()
@@ -123,33 +117,34 @@ def loop_jitter(policy: RemotePolicy, state_dim: int, action_dim: int, rate_hz: 
             "hold_steps": report.hold_steps, **{k: v for k, v in t.items() if k.startswith(("jitter", "period"))}}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure(url: str = "", requests: int = 500, loop_steps: int = 250, rate_hz: float = 50.0, state_dim: int = 39,
+            action_dim: int = 7, image_size: int = 224, horizon: int = 8) -> dict[str, Any]:
+    """Round trips of ``requests`` state and two-camera requests, then ``loop_steps`` control-loop
+    steps at ``rate_hz`` (0 steps: no loop), against ``url`` or a local constant-policy server."""
     child = None
-    url, image_url = args.url, args.url
+    image_url = url
     try:
         if not url:
-            child = subprocess.Popen([sys.executable, "-m", "embodied.bridge.bench", "--serve",
-                                      "--state-dim", str(args.state_dim), "--action-dim", str(args.action_dim),
-                                      "--image-size", str(args.image_size), "--horizon", str(args.horizon)],
-                                     stdout=subprocess.PIPE, text=True)
+            child = subprocess.Popen([sys.executable, "-m", "embodied.bridge.latency", str(state_dim), str(action_dim),
+                                      str(image_size), str(horizon)], stdout=subprocess.PIPE, text=True)
             assert child.stdout is not None
             url, image_url = child.stdout.readline().split()
         policy = RemotePolicy(url, timeout_s=10)
         image_policy = RemotePolicy(image_url, timeout_s=10) if image_url != url else policy
         to = policy.n_obs_steps
-        state = {"state": np.zeros((to, args.state_dim), np.float32), "instruction": "pick up the red block"}
-        s = args.image_size
+        state = {"state": np.zeros((to, state_dim), np.float32), "instruction": "pick up the red block"}
+        s = image_size
         rng = np.random.default_rng(0)
         images = {**state, "images": {c: rng.integers(0, 256, (to, s, s, 3), dtype=np.uint8) for c in CAMERAS}}
         out: dict[str, Any] = {"url": url}
         if not policy.obs_spec.cameras:
-            out["state"] = round_trips(policy, state, args.requests)
+            out["state"] = round_trips(policy, state, requests)
         spec = image_policy.obs_spec
         if spec.image_size == s and len(spec.cameras) == 2:
             out["images_2x%dx%d" % (s, s)] = round_trips(image_policy, {**images, "images": dict(
-                zip(spec.cameras, images["images"].values()))}, args.requests)
-        if args.loop_steps:
-            out["loop"] = loop_jitter(policy, args.state_dim, policy.action_dim, args.rate_hz, args.loop_steps)
+                zip(spec.cameras, images["images"].values()))}, requests)
+        if loop_steps:
+            out["loop"] = loop_jitter(policy, state_dim, policy.action_dim, rate_hz, loop_steps)
         policy.close()
         image_policy.close()
         return out
@@ -159,38 +154,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             child.wait(timeout=10)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    p = argparse.ArgumentParser(prog="python -m embodied.bridge.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="", help="bench this server instead of a local constant-policy one")
-    p.add_argument("--requests", type=int, default=500)
-    p.add_argument("--loop-steps", type=int, default=250, help="control-loop steps (0: skip)")
-    p.add_argument("--rate-hz", type=float, default=50.0)
-    p.add_argument("--state-dim", type=int, default=39)
-    p.add_argument("--action-dim", type=int, default=7)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--horizon", type=int, default=8)
-    p.add_argument("--out", default="", help="also write the results to this JSON file")
-    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.serve:
-        _serve(args)
-        return None
-    if args.requests < 1:
-        p.error(f"--requests must be >= 1, got {args.requests}")
-    res = run(args)
+def summary_lines(res: dict[str, Any]) -> list[str]:
+    """One line per round-trip kind and one for the loop, as ``embodied robot bench`` prints them."""
+    lines = []
     for name in [k for k in res if k not in ("url", "loop")]:
         r = res[name]
-        print(f"round trip, {name:<16} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  "
-              f"(server {r['server_infer_p50_ms']:.3f} ms, {r['request_bytes']} B, n={r['n']})")
+        lines.append(f"round trip, {name:<16} p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms  "
+                     f"(server {r['server_infer_p50_ms']:.3f} ms, {r['request_bytes']} B, n={r['n']})")
     if "loop" in res:
         lp = res["loop"]
-        print(f"control loop at {lp['rate_hz']:g} Hz: period p50 {lp['period_ms_p50']:.3f} ms, jitter p50 "
-              f"{lp['jitter_ms_p50']:.3f} ms, p99 {lp['jitter_ms_p99']:.3f} ms, max {lp['jitter_ms_max']:.3f} ms, "
-              f"overruns {lp['overruns']}/{lp['steps']}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=2))
-    return res
+        lines.append(f"control loop at {lp['rate_hz']:g} Hz: period p50 {lp['period_ms_p50']:.3f} ms, jitter p50 "
+                     f"{lp['jitter_ms_p50']:.3f} ms, p99 {lp['jitter_ms_p99']:.3f} ms, max {lp['jitter_ms_max']:.3f} "
+                     f"ms, overruns {lp['overruns']}/{lp['steps']}")
+    return lines
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the child process of ``measure``: STATE_DIM ACTION_DIM IMAGE_SIZE HORIZON
+    serve_constant(*(int(a) for a in sys.argv[1:5]))

@@ -1,8 +1,9 @@
-"""``embodied bench``: figures for every suite, each against a baseline timed in the same process.
+"""The job of ``embodied bench``: a suite's simulation, rendering and expert figures, each against a
+baseline timed in the same process (the policy section is ``embodied.runtime.policy_bench``).
 
     embodied bench suite=manipulation                      # sim + render (the default sections)
     embodied bench suite=metaworld-mt10 sections=[sim,experts]
-    embodied bench sections=[policy]                       # see embodied.runtime.bench_policy
+    embodied bench sections=[policy]                       # see embodied.runtime.policy_bench
 
 Sections:
     ``sim``: env steps/s (state observations, random actions) against a bare
@@ -70,7 +71,7 @@ class BenchConfig:
     seed: int = 0
     expert_episodes: int = 20
     expert_steps: int = 0
-    # policy section (see embodied/runtime/bench_policy.py)
+    # policy section (see embodied/runtime/policy_bench.py)
     policy_families: list[str] = field(default_factory=lambda: ["flow", "diffusion", "mlp"])
     policy_checkpoints: dict[str, str] = field(default_factory=dict)  # family -> checkpoint; else trained
     policy_dataset: str = ""
@@ -310,7 +311,7 @@ def bench(cfg: BenchConfig, out: Path) -> dict[str, Any]:
                       f"episodes agree)" if "native_benchmark_success_rate" in p else "")
             log.info("expert %-24s success %.2f%s", t, p["success_rate"], native)
     if "policy" in cfg.sections:
-        from embodied.runtime.bench_policy import bench_policies
+        from embodied.runtime.policy_bench import bench_policies
 
         metrics["policy"] = bench_policies(cfg, tasks, out)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 
 from embodied.core.reward import RewardModel
-from embodied.runtime.prefer.config import PreferConfig, register_learner
-from embodied.runtime.prefer.episodes import HELDOUT_SEED, frame_env
+from rewards.preference.config import PreferConfig, register_learner
+from rewards.preference.episodes import HELDOUT_SEED, frame_env
 from rewards.preference.segments import Trajectory
 
 

@@ -15,40 +15,49 @@ ground-truth episode return, and success AUROC of the learned return.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from embodied.core.registry import get_task
+from embodied.core.registry import get_task, load_object
 from embodied.core.reward import RewardModel
-from embodied.runtime.prefer.config import LEARNERS, PreferConfig
-from embodied.runtime.prefer.quality import oracle_targets, reward_quality
-from embodied.runtime.prefer.ranking import RankingLearner, ranking_learner
-from rewards.preference import metrics as M
+from rewards.preference.config import LEARNERS, PreferConfig
+from rewards.preference.episodes import trajectory_return
 from rewards.preference.model import PreferenceReward
 from rewards.preference.queries import schedule, select
-from rewards.preference.segments import Trajectory, sample_pairs
+from rewards.preference.ranking import RankingLearner, ranking_learner
+from rewards.preference.segments import Query, Trajectory, sample_pairs
 from rewards.preference.store import LabelStore
 from rewards.preference.teachers import PRESETS, RewardModelTeacher, Teacher, make_simulated
+from rewards.quality import auroc, expected_calibration_error, preference_accuracy, spearman
 
 log = logging.getLogger("embodied.prefer")
+
+
+def oracle_targets(queries: Sequence[Query]) -> np.ndarray:
+    """Exact ground-truth preference P[right ≻ left] (0.5 on an exact tie)."""
+    return np.array([0.5 if q.left.ret == q.right.ret else float(q.right.ret > q.left.ret) for q in queries])
+
+
+def reward_quality(model: PreferenceReward, pairs: Sequence[Query], targets: np.ndarray,
+                   trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Held-out preference accuracy, ECE, return Spearman and success AUROC of a learned reward."""
+    p = model.predict(pairs).mean(0)
+    learned = np.array([trajectory_return(model, t) for t in trajs])
+    return {"accuracy": preference_accuracy(p, targets), "ece": expected_calibration_error(p, targets),
+            "return_spearman": spearman(learned, [t.ret for t in trajs]),
+            "success_auroc": auroc(learned, [t.success for t in trajs])}
 
 
 def load_vlm(cfg: PreferConfig) -> RewardModel:
     """The VLM teacher's reward: a ``rewards.registry`` name with ``vlm_settings``, or
     ``module:factory`` called with them; it must read frames and may score ``cfg.task``'s suite."""
     if ":" in cfg.vlm_reward:
-        module, _, attr = cfg.vlm_reward.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"vlm_reward={cfg.vlm_reward!r} cannot be loaded: {e}") from None
-        model = factory(**cfg.vlm_settings)
+        model = load_object(cfg.vlm_reward, "vlm_reward")(**cfg.vlm_settings)
     else:
         from rewards.registry import make_reward
 
@@ -189,8 +198,8 @@ def evaluate_reward(cfg: PreferConfig, run_dir: Path | None = None) -> dict[str,
         qs, ys = store.training_set()
         if qs:
             p = model.predict(qs).mean(0)
-            out["store_accuracy"] = M.preference_accuracy(p, np.array(ys))
-            out["store_ece"] = M.expected_calibration_error(p, np.array(ys))
+            out["store_accuracy"] = preference_accuracy(p, np.array(ys))
+            out["store_ece"] = expected_calibration_error(p, np.array(ys))
             out["store_labels"] = len(qs)
     out["policy"] = learner.evaluate(cfg.eval_episodes, model)
     return out

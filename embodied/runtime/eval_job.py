@@ -1,4 +1,4 @@
-"""``embodied eval``: success per task with 95% CIs on training and held-out paraphrases.
+"""The job of ``embodied eval``: success per task with 95% CIs on training and held-out paraphrases.
 
     embodied eval policy=expert suite=manipulation episodes=50
     embodied eval checkpoint=outputs/train/.../checkpoint suite=manipulation episodes=50
@@ -12,6 +12,10 @@ failure per task) to ``hydra.run.dir``. Several checkpoints (a folder of ``step_
 checkpoints, or ``checkpoints=[A,B,...]``) are evaluated one at a time with the same seeds;
 ``metrics.json`` then lists each under ``checkpoints`` (top-level keys: the highest step),
 ``success_curve.png`` plots success vs training step and the report tabulates it.
+
+This module reads the command's settings (which policy or checkpoints, which wordings, which
+device) and runs them; the evaluation itself (episodes, summaries, reports, videos) is the
+library ``embodied.runtime.evaluate``, which ``embodied train`` and ``embodied steer`` use too.
 """
 
 from __future__ import annotations

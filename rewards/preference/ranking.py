@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from embodied.core.reward import RewardModel
-from embodied.runtime.prefer.config import PreferConfig, register_learner
-from embodied.runtime.prefer.episodes import HELDOUT_SEED, candidate_behaviour, frame_env, rollout, trajectory_return
+from rewards.preference.config import PreferConfig, register_learner
+from rewards.preference.episodes import HELDOUT_SEED, candidate_behaviour, frame_env, rollout, trajectory_return
 from rewards.preference.segments import Trajectory
 
 
