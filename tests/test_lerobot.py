@@ -224,6 +224,18 @@ def test_bad_folders_are_named(collected, exported, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_without_the_library_export_says_how_to_install_it(collected, tmp_path, monkeypatch):
+    """setup.sh installs lerobot-dataset with --no-deps (its huggingface-hub cap), so a plain pip install of
+    embodied lacks it: one line naming the fix, and nothing written."""
+    from embodied.core.errors import EmbodiedError
+
+    monkeypatch.setitem(sys.modules, "ledataset.datasets", None)  # the import fails as if it were not installed
+    with pytest.raises(EmbodiedError, match=r"needs the lerobot-dataset package .*run ./setup.sh, or pip install "
+                                            r"--no-deps lerobot-dataset==0.4.4"):
+        lerobot.export_lerobot(collected / "state", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
 def test_an_interrupted_export_leaves_nothing(collected, tmp_path, monkeypatch):
     from ledataset.datasets.lerobot_dataset import LeRobotDataset
 

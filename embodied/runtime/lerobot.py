@@ -50,7 +50,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from embodied.core.errors import DatasetError
+from embodied.core.errors import DatasetError, EmbodiedError
 from embodied.core.files import fsync_dir
 from embodied.runtime.data import Dataset, _pid_alive
 
@@ -114,9 +114,21 @@ def check_lerobot(path: str | os.PathLike) -> dict[str, Any]:
     return info
 
 
+def _library() -> Any:
+    """lerobot-dataset's dataset module. setup.sh installs the package with ``--no-deps`` (pyproject.toml
+    lists what it needs), so a plain ``pip install embodied`` lacks it: say so in one line."""
+    try:
+        from ledataset.datasets import lerobot_dataset
+    except ImportError as e:
+        raise EmbodiedError(f"LeRobotDataset support needs the lerobot-dataset package ({e}): run ./setup.sh, or "
+                            "pip install --no-deps lerobot-dataset==0.4.4") from e
+    return lerobot_dataset
+
+
 def _open(root: Path) -> Any:
     """The library's LeRobotDataset over a checked local folder (never the Hub)."""
-    from ledataset.datasets.lerobot_dataset import LeRobotDataset, LeRobotDatasetMetadata
+    lib = _library()
+    LeRobotDataset, LeRobotDatasetMetadata = lib.LeRobotDataset, lib.LeRobotDatasetMetadata
 
     meta = LeRobotDatasetMetadata(f"local/{root.name}", root=root)
     for ep in range(meta.total_episodes):
@@ -140,7 +152,8 @@ def _quiet() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Converting input from bool", category=RuntimeWarning)
-            # datasets' encoding of the (1,)-shaped scalars the library's frames hold
+            # datasets' encoding of the (1,)-shaped scalars the library's frames hold (an error from NumPy 2.4 on,
+            # hence numpy<2.4 in pyproject.toml)
             warnings.filterwarnings("ignore", message="Conversion of an array with ndim > 0", category=DeprecationWarning)
             yield
     finally:
@@ -231,9 +244,9 @@ def export_lerobot(src: str | os.PathLike, out: str | os.PathLike, fps: int = DE
     encoded with ``vcodec`` (lossy: frames come back within the codec's error); the state,
     action and every other array are stored exactly.
     """
-    from ledataset.datasets.lerobot_dataset import LeRobotDataset
     from tqdm.auto import tqdm
 
+    LeRobotDataset = _library().LeRobotDataset
     if vcodec not in VCODECS:
         raise ValueError(f"vcodec must be one of {VCODECS}, got {vcodec!r}")
     if not 1 <= fps <= 1000:
