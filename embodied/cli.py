@@ -15,7 +15,7 @@ COMMANDS = {
     "collect": ("embodied.commands.collect", "record scripted-expert demonstrations to a dataset"),
     "play": ("embodied.commands.play", "run one episode with your own instruction and save a video"),
     "bench": ("embodied.commands.bench", "measure simulation, rendering and policy speed"),
-    "data": ("embodied.commands.data", "validate or repair an episode dataset (validate|repair path=DIR)"),
+    "data": ("embodied.commands.data", "validate|repair|info a dataset; export|import it as LeRobotDataset v3"),
     "serve": ("embodied.commands.serve", "serve a checkpoint's policy over websockets (openpi's wire format)"),
     "robot": ("embodied.commands.robot", "run a policy on a robot through the bridge: run | bench | sim-server"),
     "prefer": ("embodied.commands.prefer", "learn a reward from preferences with any teacher (run|eval|plot)"),

@@ -390,4 +390,4 @@ def test_a_truncated_episode_does_not_block_collection(tmp_path):
     r = run_cli("data", "repair", f"path={out}", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
     assert r.returncode == 0 and json.loads((tmp_path / "r" / "metrics.json").read_text())["episodes"] == 3
     r = run_cli("data", "mend", f"path={out}", cwd=tmp_path)
-    assert r.returncode == 2 and "action must be one of ('validate', 'repair')" in r.stderr
+    assert r.returncode == 2 and "action must be one of ('validate', 'repair', 'info', 'export', 'import')" in r.stderr

@@ -89,7 +89,9 @@ class TrainConfig:
     obs_mode: str = "state"  # "state" or "pixels"
     image_size: int = 64
     cameras: list[str] = field(default_factory=list)
-    dataset: str = ""  # default data/<suite>-<obs_mode>; collected when it holds too few episodes
+    # default data/<suite>-<obs_mode>; collected when it holds too few episodes. A LeRobotDataset v3 folder is
+    # imported once into RUN/lerobot-import/ and trained from (embodied.runtime.lerobot)
+    dataset: str = ""
     demos: int = 400  # demonstrations per task
     demo_noise: float = 0.1  # noise on executed expert actions while collecting (recovery data)
     steps: int = 16000  # gradient steps
@@ -171,6 +173,8 @@ class Batcher:
         metas = [m for m in ds.episodes_meta if m.get("task") in tasks]
         self.task_of = [m["task"] for m in metas]
         self.params = [m.get("params") or {} for m in metas]
+        # an episode recorded elsewhere (imported from a LeRobotDataset) has no template parameters: its own words
+        self.words = [None if "params" in m else str(m.get("instruction") or "") for m in metas]
         self.templates = {t: get_task(t).train_instructions for t in set(self.task_of)}
         self.windows = make_windows(self.ends, horizon)
         self.to, self.h = n_obs_steps, horizon
@@ -178,6 +182,8 @@ class Batcher:
         self._cache: dict[tuple[str, int, int], str] = {}
 
     def instruction(self, ep: int, k: int) -> str:
+        if self.words[ep] is not None:
+            return self.words[ep]
         key = (self.task_of[ep], ep, k)
         if key not in self._cache:
             self._cache[key] = self.templates[self.task_of[ep]][k].format(**self.params[ep])
@@ -186,7 +192,7 @@ class Batcher:
     def instructions_by_task(self) -> dict[str, list[str]]:
         """Task -> every instruction its batches can hold (each episode's parameters x its task's
         templates; episodes with the same task and parameters are rendered once)."""
-        seen = {(self.task_of[e], json.dumps(self.params[e], sort_keys=True, default=str)): e
+        seen = {(self.task_of[e], json.dumps(self.params[e], sort_keys=True, default=str), self.words[e]): e
                 for e in range(len(self.task_of))}
         out: dict[str, set[str]] = {}
         for e in seen.values():
@@ -360,11 +366,18 @@ def move_aside(out: Path) -> Path | None:
     return dest
 
 
-def _ensure_dataset(cfg: TrainConfig, tasks: list[str]) -> Any:
+def _ensure_dataset(cfg: TrainConfig, tasks: list[str], out: Path | None = None) -> Any:
     from embodied.runtime.collect import collect
     from embodied.runtime.data import Dataset
+    from embodied.runtime.lerobot import is_lerobot, training_copy
 
     path = dataset_path(cfg)
+    if is_lerobot(path):  # a LeRobotDataset v3: trained from our copy of it, imported once into the run folder
+        dest = out / "lerobot-import" if out is not None else Path("data") / f"{path.name}-imported"
+        ds = Dataset.open(training_copy(path, dest, tasks), on_corrupt=cfg.on_corrupt)
+        log.info("dataset %s (LeRobotDataset, imported to %s): %d episodes, %d steps", path, ds.root, len(ds),
+                 sum(ds.lengths))
+        return ds
     have: dict[str, int] = {}
     if (path / "meta.json").exists():
         for m in Dataset.open(path, on_corrupt=cfg.on_corrupt).episodes_meta:
@@ -543,7 +556,7 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     obs_spec, action_spec = probe.unwrapped.observation_spec, probe.unwrapped.action_spec
     probe.close()
 
-    ds = _ensure_dataset(cfg, tasks)
+    ds = _ensure_dataset(cfg, tasks, out)
     _check_dataset(ds, obs_spec, action_spec)
     episodes = dict(sorted(Counter(m.get("task") for m in ds.episodes_meta if m.get("task") in tasks).items()))
     if trained_on is not None and trained_on != episodes:
