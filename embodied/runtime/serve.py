@@ -130,3 +130,32 @@ def _warm_up(policy: Any, meta: dict[str, Any]) -> None:
     t = time.monotonic()
     policy.predict_chunk(batch)
     log.info("warm-up chunk in %.0f ms", (time.monotonic() - t) * 1000)
+
+
+def serve_settings(checkpoint: str, device: str, settings: list[tuple[int, float]], state_dim: int = 39,
+                   action_dim: int = 7, horizon: int = 8) -> None:
+    """One policy behind one ``PolicyServer`` per (max_batch, max_wait_ms) setting, in this process;
+    prints their URLs and the metadata as one JSON line, then serves until killed.
+
+    The server process of ``embodied robot bench clients=N``: the settings share the loaded
+    policy (and its warm-up), so what differs between them is the batching alone.
+    ``checkpoint=""`` serves ``ConstantPolicy`` (no inference cost: the bridge alone).
+    """
+    from embodied.bridge.latency import ConstantPolicy
+    from embodied.bridge.server import PolicyServer, policy_metadata
+
+    if checkpoint:
+        served, meta = load_served(checkpoint, device)
+    else:
+        served = ConstantPolicy(horizon, max(1, horizon // 2), action_dim, n_obs_steps=1)
+        meta = policy_metadata(served, state_dim=state_dim, action_dim=action_dim, generative=False)
+    servers = [PolicyServer(served, metadata=meta, max_batch=b, max_wait_ms=w).start() for b, w in settings]
+    print(json.dumps({"urls": [s.url for s in servers], "metadata": meta}), flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":  # python -m embodied.runtime.serve CHECKPOINT DEVICE STATE_DIM ACTION_DIM HORIZON B:MS...
+    import sys
+
+    serve_settings(sys.argv[1], sys.argv[2], [(int(b), float(w)) for b, w in (a.split(":") for a in sys.argv[6:])],
+                   int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
