@@ -37,6 +37,8 @@ from embodied.bridge.batching import Batcher, ClientGone, Job, ServerStopping, c
 from embodied.core.policy import Policy, check_chunk, stack_history
 
 log = logging.getLogger("embodied.bridge.server")
+OPEN_TIMEOUT_S = 5.0  # a connection that has not finished its handshake by then is dropped
+CLOSE_TIMEOUT_S = 2.0  # closing waits this long for a client's answer (stop() waits for every connection)
 REQUIRED_META = ("n_obs_steps", "horizon", "n_action_steps", "state_dim", "action_dim")
 
 
@@ -138,7 +140,8 @@ class PolicyServer:
         self._stats_lock = threading.Lock()
         self._ids = 0
         self._server = serve(self._handle, host, port, compression=None, max_size=2 * self.max_message_bytes,
-                             process_request=self._process_request, ping_interval=None, close_timeout=2)
+                             process_request=self._process_request, ping_interval=None,
+                             open_timeout=OPEN_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S)
         self.url = "ws://%s:%d" % self._server.socket.getsockname()[:2]
         self._batcher = Batcher(policy, self.max_batch, self.max_wait_ms) if self.max_batch > 1 else None
         self._thread: threading.Thread | None = None
