@@ -427,7 +427,8 @@ def fleet_lines(res: dict[str, Any]) -> list[str]:
         lines.append(line)
     if "batched_over_one_at_a_time" in res:
         q = res["batched_over_one_at_a_time"]
-        line = f"  batched / one at a time:     round trip p50 x{q['round_trip_p50']:.2f}, p99 x{q['round_trip_p99']:.2f}"
+        line = (f"  batched / one at a time:     round trip p50 x{q['round_trip_p50']:.2f}, "
+                f"p99 x{q['round_trip_p99']:.2f}")
         if "chunks_per_s" in q:
             line += f"; chunks/s x{q['chunks_per_s']:.2f}"
         lines.append(line)

@@ -94,7 +94,7 @@ def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
                           max_message_bytes=int(cfg.max_message_mb * 2**20), key_map=cfg.key_map,
                           max_batch=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
                           noise_seed=None if cfg.rowwise_noise else int(meta["seed"]))
-    (out / "server.json").write_text(json.dumps({"url": server.url, "pid": os.getpid(), "metadata": meta}))
+    (out / "server.json").write_text(json.dumps({"url": server.url, "pid": os.getpid(), "metadata": server.metadata}))
     print(f"serving {cfg.checkpoint} on {server.url}", flush=True)
     log.info("serving %s on %s (H=%d, Ta=%d, To=%d; max_batch %d, max_wait_ms %g)%s", cfg.checkpoint, server.url,
              meta["horizon"], meta["n_action_steps"], meta["n_obs_steps"], cfg.max_batch, cfg.max_wait_ms,
