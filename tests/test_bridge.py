@@ -144,6 +144,7 @@ def test_robot_side_runs_where_torch_mujoco_and_policies_cannot_be_imported(tmp_
         import numpy as np
         import embodied.bridge.wire, embodied.bridge.client, embodied.bridge.loop, embodied.bridge.safety
         import embodied.bridge.server, embodied.bridge.latency, embodied.bridge.drivers
+        import embodied.bridge.batching, embodied.bridge.fleet
         import embodied.bridge.drivers.sim, embodied.bridge.drivers.rosbridge
         from embodied.bridge.latency import ConstantPolicy, InstantRobot
         from embodied.bridge.server import PolicyServer, policy_metadata

@@ -141,6 +141,46 @@ def test_robot_run_against_a_simulator_process(served, tmp_path):
     assert len(lines) == 30 and "step_ms" in json.loads(lines[0])
 
 
+def test_serve_batches_stops_by_itself_and_writes_its_metrics(tiny_checkpoint, tmp_path):
+    """``duration_s`` ends ``embodied serve`` cleanly (metrics.json: requests, forward passes, rows)."""
+    from embodied.bridge.client import RemotePolicy
+
+    out = tmp_path / "serve"
+    proc = subprocess.Popen([sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={tiny_checkpoint}", "port=0",
+                             "device=cpu", "duration_s=8", "max_batch=4", "max_wait_ms=1", f"hydra.run.dir={out}"],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "server.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    meta = json.loads((out / "server.json").read_text())["metadata"]
+    assert meta["max_batch"] == 4
+    remote = RemotePolicy(json.loads((out / "server.json").read_text())["url"])
+    batch = {"state": np.zeros((2, 2, meta["state_dim"]), np.float32), "instruction": ["go", "reach"]}
+    assert remote.predict_chunk(batch).shape == (2, 4, meta["action_dim"])
+    remote.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["requests"] == 1 and m["batching"]["rows"] == 2 and m["max_batch"] == 4
+
+
+def test_robot_bench_many_robots_against_one_checkpoint_server(tiny_checkpoint, tmp_path):
+    """``embodied robot bench clients=N checkpoint=...``: simulated robots of the checkpoint's tasks, one
+    server, max_batch=1 and batched in one run; round trips, late-chunk interventions, chunks/s, ratios."""
+    r = _cli("robot", "bench", "clients=3", "rate_hz=20", "duration_s=2", "saturate_s=1", "rounds=1",
+             f"checkpoint={tiny_checkpoint}", "device=cpu", "max_batch=4", f"hydra.run.dir={tmp_path}/bench",
+             cwd=tmp_path)
+    m = json.loads((tmp_path / "bench/metrics.json").read_text())
+    assert list(m["settings"]) == ["max_batch=1", "max_batch=4, max_wait_ms=2"]
+    for s in m["settings"].values():
+        assert s["robots"] == 3 and s["steps"] > 0 and s["round_trip"]["n"] > 0 and not s["errors"]
+        assert s["saturated"]["chunks"] > 0 and "late_chunk_interventions" in s
+    assert m["settings"]["max_batch=1"]["saturated"]["rows_per_pass"] == 1
+    assert set(m["batched_over_one_at_a_time"]) == {"round_trip_p50", "round_trip_p99", "chunks_per_s"}
+    assert "batched / one at a time" in r.stdout and "late-chunk interventions" in r.stdout
+
+
 def test_robot_bench_is_a_hydra_command(tmp_path):
     """``embodied robot bench`` takes ``hydra.run.dir=`` and writes ``metrics.json`` there (and ``out=`` too)."""
     r = _cli("robot", "bench", "requests=5", "loop_steps=5", f"out={tmp_path}/copy.json",

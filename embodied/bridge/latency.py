@@ -39,6 +39,9 @@ class ConstantPolicy(Policy):
     def predict_chunk(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
         return np.zeros((len(obs_batch["instruction"]), self.horizon, self.action_dim), np.float32)
 
+    def predict_rows(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
+        return self.predict_chunk(obs_batch, noise)  # no row depends on another: a batching server may merge
+
 
 class InstantRobot(Robot):
     """A robot that answers at once: the loop's timing is all that is measured."""

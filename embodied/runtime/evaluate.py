@@ -213,6 +213,11 @@ class RowwisePolicy(PolicyWrapper):
                       for i, row in enumerate(rows)]
             return np.concatenate([np.asarray(c) for c in chunks])
 
+    def predict_rows(self, obs_batch: Mapping[str, Any], noise: np.ndarray | None = None) -> np.ndarray:
+        """``predict_chunk``: its rows are already each as if alone. A batching policy server
+        (``embodied.bridge.batching``) merges several clients' rows into one such call."""
+        return self.predict_chunk(obs_batch, noise)
+
 
 @contextlib.contextmanager
 def _one_torch_thread() -> Iterator[None]:

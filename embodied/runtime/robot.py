@@ -16,7 +16,9 @@ and ``reward``. Also ``metrics.json`` (success, safety counts, timing per episod
 ``chunks.npz`` (each chunk request: observation history, noise, chunk).
 
 ``bench_bridge`` runs ``embodied.bridge.latency`` against a local constant-policy server (or
-``url=``), prints one line per measurement and writes ``metrics.json``.
+``url=``), prints one line per measurement and writes ``metrics.json``. With ``clients=N`` it
+runs ``bench_fleet`` instead: N simulated robots against one server (``embodied.bridge.fleet``),
+once with ``max_batch=1`` (one request at a time) and once batched, in the same run.
 """
 
 from __future__ import annotations
@@ -236,9 +238,9 @@ def _metrics(cfg: RobotRunConfig, out: Path, episodes: list[dict[str, Any]], wal
 
 @dataclass
 class RobotBenchConfig:
-    """Schema of ``configs/robot_bench.yaml`` (see ``embodied.bridge.latency``)."""
+    """Schema of ``configs/robot_bench.yaml`` (see ``embodied.bridge.latency`` and ``embodied.bridge.fleet``)."""
 
-    url: str = ""  # bench this policy server (ws://HOST:PORT) instead of a local constant-policy one
+    url: str = ""  # bench this policy server (ws://HOST:PORT) instead of a local one
     requests: int = 500  # round trips timed per observation kind
     loop_steps: int = 250  # control-loop steps; 0: no loop
     rate_hz: float = 50.0  # the control loop's rate
@@ -247,30 +249,187 @@ class RobotBenchConfig:
     image_size: int = 224  # side of the two camera images (pixels)
     horizon: int = 8  # actions per chunk of the constant policy
     out: str = ""  # also write the results to this JSON file (metrics.json is always written)
+    # clients >= 1: N simulated robots against one server (embodied.bridge.fleet) instead of the above
+    clients: int = 0
+    checkpoint: str = ""  # clients: serve this checkpoint (its tasks' simulated robots); "": a constant policy
+    device: str = "auto"  # clients + checkpoint: the server's torch device
+    duration_s: float = 20.0  # clients: seconds of driving per server setting
+    saturate_s: float = 5.0  # clients: seconds of back-to-back requests per setting (chunks/s); 0: skip
+    max_batch: int = 8  # clients: the batched server's setting (compared with max_batch=1)
+    max_wait_ms: float = 2.0  # clients: the batched server's wait budget
+    rounds: int = 2  # clients: turns that alternate the settings (duration_s and saturate_s are split over them)
 
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError(f"requests must be >= 1, got {self.requests}")
-        if self.loop_steps and not 0 < self.rate_hz <= 2000:
+        if (self.loop_steps or self.clients) and not 0 < self.rate_hz <= 2000:
             raise ValueError(f"rate_hz must be in (0, 2000] for the control loop (loop_steps=0 skips it), "
                              f"got {self.rate_hz}")
         small = {k: v for k, v in (("state_dim", self.state_dim), ("action_dim", self.action_dim),
                                    ("image_size", self.image_size), ("horizon", self.horizon)) if v < 1}
         if small:
             raise ValueError(f"{', '.join(f'{k}={v}' for k, v in small.items())}: must be >= 1")
+        if self.clients < 0 or self.clients > 256:
+            raise ValueError(f"clients must be in 0..256 (0: the one-client latency bench), got {self.clients}")
+        if self.clients and not 0 < self.duration_s <= 3600:
+            raise ValueError(f"duration_s must be in (0, 3600] with clients, got {self.duration_s}")
+        if not 1 <= self.rounds <= 100:
+            raise ValueError(f"rounds must be in 1..100, got {self.rounds}")
+        if not 0 <= self.saturate_s <= 3600:
+            raise ValueError(f"saturate_s must be in [0, 3600] (0: no throughput run), got {self.saturate_s}")
+        if self.checkpoint and not self.clients:
+            raise ValueError("checkpoint= is served for clients=N (N simulated robots); the one-client bench "
+                             "measures the bridge with a constant policy or url=")
+        if self.checkpoint and self.url:
+            raise ValueError(f"give checkpoint= (served here) or url= (a running server), not both; got "
+                             f"checkpoint={self.checkpoint!r}, url={self.url!r}")
+        from embodied.bridge.batching import check_batching
+
+        check_batching(self.max_batch, self.max_wait_ms)
 
 
 def bench_bridge(cfg: RobotBenchConfig, out: Path) -> dict[str, Any]:
-    """Round-trip latency and loop jitter (``embodied.bridge.latency.measure``), printed and written
-    to ``out/metrics.json`` (and ``cfg.out`` when given)."""
+    """Round-trip latency and loop jitter (``embodied.bridge.latency.measure``), or with ``clients``
+    the fleet (``bench_fleet``); printed and written to ``out/metrics.json`` (and ``cfg.out`` when given)."""
     from embodied.bridge.latency import measure, summary_lines
     from embodied.runtime.evaluate import write_json
 
-    res = measure(cfg.url, cfg.requests, cfg.loop_steps, cfg.rate_hz, cfg.state_dim, cfg.action_dim, cfg.image_size,
-                  cfg.horizon)
-    for line in summary_lines(res):
-        print(line)
+    if cfg.clients:
+        res, lines = bench_fleet(cfg)
+    else:
+        res = measure(cfg.url, cfg.requests, cfg.loop_steps, cfg.rate_hz, cfg.state_dim, cfg.action_dim,
+                      cfg.image_size, cfg.horizon)
+        lines = summary_lines(res)
+    for line in lines:
+        print(line, flush=True)
     write_json(out / "metrics.json", res)
     if cfg.out:
         write_json(cfg.out, res)
     return res
+
+
+def _fleet_robots(meta: dict[str, Any], n: int) -> tuple[list[Any], list[str | None]]:
+    """N robots for the served policy: simulated robots of its tasks (in turn), or instant robots
+    (a constant policy: the bridge alone)."""
+    from embodied.bridge.latency import InstantRobot
+
+    tasks = list(meta.get("tasks") or [])
+    if not tasks:
+        return [InstantRobot(meta["state_dim"], meta["action_dim"]) for _ in range(n)], [None] * n
+    from embodied.core.robot import SimRobot
+
+    kw: dict[str, Any] = {"obs_mode": meta.get("obs_mode", "state")}
+    if kw["obs_mode"] != "state":
+        kw.update(image_size=meta["image_size"], cameras=list(meta["cameras"]))
+    names = [tasks[k % len(tasks)] for k in range(n)]
+    return [SimRobot(t, **kw) for t in names], names
+
+
+def _start_servers(cfg: RobotBenchConfig, settings: list[tuple[int, float]]) -> tuple[Any, list[str], dict]:
+    """The server process (``embodied.runtime.serve.serve_settings``): (process, URLs, metadata)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "embodied.runtime.serve", cfg.checkpoint, cfg.device, str(cfg.state_dim),
+           str(cfg.action_dim), str(cfg.horizon), *(f"{b}:{w}" for b, w in settings)]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line:
+        child.wait(timeout=30)
+        raise RuntimeError(f"the bench's policy server exited with status {child.returncode} before listening "
+                           "(its error is above)")
+    info = json.loads(line)
+    return child, info["urls"], info["metadata"]
+
+
+def bench_fleet(cfg: RobotBenchConfig) -> tuple[dict[str, Any], list[str]]:
+    """``cfg.clients`` robots at ``cfg.rate_hz`` against one server, with ``max_batch=1`` and batched.
+
+    ``embodied.bridge.fleet.drive`` (round trips, late-chunk interventions) for ``duration_s``
+    per setting, then ``saturate`` (chunks/s) for ``saturate_s`` per setting; each in
+    ``rounds`` turns that alternate the settings, so a load that drifts (other jobs on the
+    machine) weighs on both alike. Against ``url=`` only that server is measured.
+    """
+    from embodied.bridge.client import RemotePolicy
+    from embodied.bridge.fleet import drive, drive_summary, saturate, saturate_summary
+    from embodied.core.policy import stack_history
+
+    settings = [(1, 0.0), (cfg.max_batch, cfg.max_wait_ms)]
+    child = None
+    loop_log = logging.getLogger("embodied.bridge.loop")
+    level = loop_log.level
+    loop_log.setLevel(logging.ERROR)  # each episode's end is a hold: counted, not logged once per robot
+    try:
+        if cfg.url:
+            probe = RemotePolicy(cfg.url, timeout_s=30)
+            urls, meta = [cfg.url], dict(probe.metadata)
+            probe.close()
+            names = [f"server at {cfg.url}"]
+        else:
+            child, urls, meta = _start_servers(cfg, settings)
+            names = ["max_batch=1", f"max_batch={cfg.max_batch}, max_wait_ms={cfg.max_wait_ms:g}"]
+        robots, tasks = _fleet_robots(meta, cfg.clients)
+        drives: dict[str, list[Any]] = {n: [] for n in names}
+        for _ in range(cfg.rounds):
+            for name, url in zip(names, urls):
+                drives[name].append(drive(url, robots, cfg.rate_hz, cfg.duration_s / cfg.rounds, tasks))
+        results = {n: drive_summary(runs, cfg.rate_hz) for n, runs in drives.items()}
+        if cfg.saturate_s:
+            batches = []
+            for r, task in zip(robots, tasks):
+                with r:
+                    obs = dict(r.get_observation())
+                if task:
+                    obs["task"] = task
+                batches.append(stack_history([obs] * max(1, int(meta["n_obs_steps"]))))
+            sats: dict[str, list[Any]] = {n: [] for n in names}
+            for _ in range(cfg.rounds):
+                for name, url in zip(names, urls):
+                    sats[name].append(saturate(url, batches, cfg.saturate_s / cfg.rounds))
+            for n, runs in sats.items():
+                results[n]["saturated"] = saturate_summary(runs)
+    finally:
+        loop_log.setLevel(level)
+        if child is not None:
+            child.terminate()
+            child.wait(timeout=30)
+    out: dict[str, Any] = {"clients": cfg.clients, "rate_hz": cfg.rate_hz, "duration_s": cfg.duration_s,
+                           "saturate_s": cfg.saturate_s, "rounds": cfg.rounds,
+                           "policy": cfg.checkpoint or cfg.url or "constant", "settings": results}
+    if len(results) == 2:
+        one, many = results.values()
+        ratios = {"round_trip_p50": many["round_trip"]["p50_ms"] / one["round_trip"]["p50_ms"],
+                  "round_trip_p99": many["round_trip"]["p99_ms"] / one["round_trip"]["p99_ms"]}
+        if cfg.saturate_s:
+            ratios["chunks_per_s"] = many["saturated"]["chunks_per_s"] / one["saturated"]["chunks_per_s"]
+        out["batched_over_one_at_a_time"] = ratios
+    return out, fleet_lines(out)
+
+
+def fleet_lines(res: dict[str, Any]) -> list[str]:
+    """What ``embodied robot bench clients=N`` prints: one line per setting, then the ratios."""
+    lines = [f"{res['clients']} robots at {res['rate_hz']:g} Hz against one server ({res['policy']}), "
+             f"{res['duration_s']:g} s driving and {res['saturate_s']:g} s saturated per setting, "
+             f"in {res['rounds']} alternating rounds:"]
+    for name, r in res["settings"].items():
+        rt, line = r["round_trip"], f"  {name:<28}"
+        line += (f" round trip p50 {rt['p50_ms']:6.1f} ms  p99 {rt['p99_ms']:6.1f} ms ({rt['n']} chunks;"
+                 f" server p50 {r['server']['p50_ms']:.1f} p99 {r['server']['p99_ms']:.1f} ms,"
+                 f" {r['rows_per_pass']:.1f} rows/pass);"
+                 f" late-chunk interventions {r['late_chunk_interventions']}"
+                 f" (all: {sum(r['interventions'].values())}, overruns {r['overruns']})")
+        if "saturated" in r:
+            s = r["saturated"]
+            line += (f"; saturated {s['chunks_per_s']:6.1f} chunks/s (p50 {s['round_trip']['p50_ms']:.1f} ms,"
+                     f" {s['rows_per_pass']:.1f} rows/pass)")
+        if r["errors"]:
+            line += f"; ERRORS: {r['errors']}"
+        lines.append(line)
+    if "batched_over_one_at_a_time" in res:
+        q = res["batched_over_one_at_a_time"]
+        line = (f"  batched / one at a time:     round trip p50 x{q['round_trip_p50']:.2f}, "
+                f"p99 x{q['round_trip_p99']:.2f}")
+        if "chunks_per_s" in q:
+            line += f"; chunks/s x{q['chunks_per_s']:.2f}"
+        lines.append(line)
+    return lines
