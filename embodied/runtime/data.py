@@ -423,17 +423,18 @@ class Dataset:
             if keep is None or e.get("task") in keep:
                 yield self[i]
 
-    def load_arrays(self, features: Sequence[str] = ("state", "action"),
-                    tasks: Iterable[str] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Concatenate episodes for training.
-
-        Returns:
-            arrays: feature -> (N, *shape), N the total number of steps.
-            episode_ends: (E,) int64, exclusive end of each episode in the N axis.
-        """
+    def check_features(self, features: Iterable[str]) -> None:
+        """Raise DatasetError naming the ``features`` this dataset does not record."""
         unknown = [f for f in features if f not in self.features]
         if unknown:
-            raise DatasetError(f"unknown features {unknown}; the dataset has {sorted(self.features)}")
+            raise DatasetError(f"unknown features {unknown}; the dataset {self.root} has {sorted(self.features)}")
+
+    def select(self, tasks: Iterable[str] | None = None) -> list[int]:
+        """Positions (``ds[i]``) of the episodes of ``tasks`` (all if None), in order.
+
+        Raises:
+            DatasetError: a task of ``tasks`` has no episode here (each named, with the tasks it holds).
+        """
         keep = None if tasks is None else set(tasks)
         if keep is not None:
             have = {e.get("task") for e in self._entries}
@@ -441,7 +442,24 @@ class Dataset:
             if missing:
                 raise DatasetError(f"tasks {missing} have no episodes in {self.root}; it holds "
                                    f"{sorted(str(t) for t in have)}")
-        sel = [i for i, e in enumerate(self._entries) if keep is None or e.get("task") in keep]
+        return [i for i, e in enumerate(self._entries) if keep is None or e.get("task") in keep]
+
+    def read(self, i: int, features: Sequence[str]) -> dict[str, np.ndarray]:
+        """Only ``features`` of episode ``i``, each (T, *shape): the other arrays of its file stay unread."""
+        self.check_features(features)
+        return self._load(i, keys=features)[0]
+
+    def load_arrays(self, features: Sequence[str] = ("state", "action"),
+                    tasks: Iterable[str] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Concatenate episodes for training (all of them in memory; ``embodied.runtime.stream``
+        reads windows from disk instead).
+
+        Returns:
+            arrays: feature -> (N, *shape), N the total number of steps.
+            episode_ends: (E,) int64, exclusive end of each episode in the N axis.
+        """
+        self.check_features(features)
+        sel = self.select(tasks)
         ends = np.cumsum([self._entries[i]["length"] for i in sel], dtype=np.int64)
         n = int(ends[-1]) if len(ends) else 0
         out = {f: np.empty((n, *self.features[f]["shape"]), self.features[f]["dtype"]) for f in features}
