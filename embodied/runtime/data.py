@@ -530,9 +530,18 @@ def _read_index(path: Path) -> tuple[dict[int, dict[str, Any]], bool]:
     entries, dirty = {}, False
     if not path.exists():
         return entries, True
+    strings: dict[str, str] = {}  # one object per distinct string: keys, tasks and wordings repeat on every line
+
+    def share(x: Any) -> Any:
+        if isinstance(x, str):
+            return strings.setdefault(x, x)
+        if isinstance(x, dict):
+            return {strings.setdefault(k, k): share(v) for k, v in x.items()}
+        return [share(v) for v in x] if isinstance(x, list) else x
+
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            e = json.loads(line)
+            e = share(json.loads(line))
             entries[int(e["episode"])] = e
         except (ValueError, KeyError, TypeError):
             dirty = True  # e.g. a half-written last line: rebuilt from the files
