@@ -64,6 +64,17 @@ def test_grounding_index_is_the_same_streamed(tmp_path):
     assert a.candidate_tasks(s) == b.candidate_tasks(s)
 
 
+def test_read_gives_the_arrays_np_load_gives(tmp_path):
+    ds = pixel_dataset(tmp_path / "ds", episodes=5)
+    feats = sorted(ds.features)  # scalar (reward), vector and image features
+    for i in range(len(ds)):
+        got, want = ds.read(i, feats), ds[i]
+        for f in feats:
+            assert got[f].dtype == want[f].dtype and np.array_equal(got[f], want[f]), f
+    with pytest.raises(DatasetError, match=r"unknown features \['depth'\]"):
+        ds.read(0, ["depth"])
+
+
 def test_window_index_numbers_windows_as_make_windows_lists_them():
     lengths = [3, 1, 5, 2]
     ends = np.cumsum(lengths)
