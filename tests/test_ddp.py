@@ -257,6 +257,8 @@ def test_a_checkpoint_resumes_across_world_sizes(pair, tmp_path):
     assert (m1["steps"], m1["resumed_from_step"], m1["world_size"]) == (30, 20, 1)
     assert (m2["steps"], m2["resumed_from_step"], m2["world_size"]) == (30, 20, 2)
     assert max_weight_diff(tmp_path / "one", tmp_path / "two") < 1e-4
+    # rank 0 alone kept the first invocation's .hydra/ files (two ranks would keep two copies, or collide)
+    assert sorted(p.name for p in (tmp_path / "one/.hydra/previous").iterdir()) == ["1"]
     # a finished run rerun under torchrun says so on every rank and trains nothing
     r = train(*common, f"hydra.run.dir={tmp_path}/one", cwd=tmp_path, launcher=TORCHRUN)
     assert r.returncode == 0 and r.stderr.count("finished at step 30") == 2, r.stderr[-3000:]
