@@ -39,6 +39,10 @@ auxiliary loss (``policy.aux_state_weight``); the policy never reads that state.
 Instructions are re-sampled during training: each window gets a random *training*
 paraphrase of its task, filled with the episode's parameters (held-out ones are never
 seen), so the policy learns what the words mean rather than one sentence per task.
+
+Under torchrun (``torchrun --nproc_per_node=N -m embodied.cli train ...``) the processes split
+the global ``batch_size`` and average their gradients; rank 0 alone collects, logs, evaluates
+and writes (``embodied.runtime.ddp``).
 """
 
 from __future__ import annotations
