@@ -26,7 +26,7 @@ from embodied.runtime.ddp import DistributedSetupError, World
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("tasks=[reach]", "demos=4", "eval_episodes=1", "num_envs=1", "videos=0", "threads=1", "workers=1",
         "batch_size=8", "save_every=10", "snapshot_every=0", "policy=mlp", "policy.mask_padding=false",
-        "progress=false")
+        "progress=false", "eval_every=10", "eval_episodes_periodic=1")
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
 
 
@@ -201,6 +201,8 @@ def test_two_processes_train_what_one_does(pair):
     assert (m1["world_size"], m1["batch_per_rank"], m1["ddp_backend"]) == (1, 8, None)
     assert (m2["world_size"], m2["batch_per_rank"], m2["ddp_backend"]) == (2, 4, "gloo")
     assert abs(m1["final_loss"] - m2["final_loss"]) < 1e-5 and m2["batch_size"] == 8
+    # rank 0 evaluated at step 10 while rank 1 waited in the next all-reduce
+    assert [c["step"] for c in m2["success_curve"]] == [10, 20] and m1["success_curve"] == m2["success_curve"]
     assert "torchrun: 2 processes (gloo), 4 rows of the 8-row batch each" in two.stdout + two.stderr
 
 
