@@ -30,7 +30,8 @@ The step, on every rank (how it stays the one-process step):
 
 Rank 0 alone logs, evaluates and writes (TensorBoard, checkpoints, snapshots, ``metrics.json``,
 Hydra's files in the run folder) and collects the demonstrations when the dataset lacks them;
-the others wait for it (``barrier``) and leave once training is done.
+the others wait for it (``barrier``), and at the end wait for its evaluation so that every
+rank leaves the process group at the same point.
 """
 
 from __future__ import annotations

@@ -515,13 +515,15 @@ def train(cfg: TrainConfig, out: Path) -> dict[str, Any] | None:
     """Train (or resume) the run in ``out`` and evaluate it; its metrics (see the module docstring).
 
     Under torchrun each process trains on its share of the global batch (``embodied.runtime.ddp``);
-    rank 0 alone evaluates and writes, and the others return None once training is done.
+    rank 0 alone evaluates and writes, and the others return None once it is done.
     On Ctrl-C the steps done are saved first, then a warning says what ``out`` holds and the
     ``KeyboardInterrupt`` goes on up.
     """
     world = ddp.start(cfg.batch_size, cfg.device, cfg.ddp_backend)
     try:
-        return _train(cfg, out, world)
+        metrics = _train(cfg, out, world)
+        ddp.barrier(world)  # the others wait for rank 0's evaluation, so that every rank leaves the group together
+        return metrics
     except KeyboardInterrupt:
         if world.main:
             log.warning("%s", _kept(cfg, out))
