@@ -40,3 +40,65 @@ def test_policy_sees_the_real_instruction_and_images(vector):
     obs, _ = first.reset(seed=0)
     np.testing.assert_array_equal(policy.images[0][0, 0], obs["image"])  # the env's own frame
     first.close()
+
+
+def test_noise_streams_replay_the_same_seeds_with_other_noise_and_report_pass_at_k(tmp_path):
+    """Stream 0 is the ordinary evaluation; stream k > 0 draws other noise for the same seeds,
+    reproducibly; pass@k is the share of seeds some stream solves."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny import reach_checkpoint
+
+    from embodied.runtime.checkpoints import load_for_eval
+    from embodied.runtime.evaluate import RowwisePolicy, evaluate, noise_stream_summary
+    from embodied.runtime.rollout import EpisodeResult
+
+    policy = load_for_eval(str(reach_checkpoint(tmp_path / "ckpt")), "cpu")
+    env = make_env("reach")
+    obs, _ = env.reset(seed=100000)
+    env.close()
+    batch = {k: (np.asarray(v)[None, None].repeat(policy.n_obs_steps, 1) if k not in ("instruction", "task")
+                 else [v]) for k, v in obs.items() if k in ("state", "instruction", "task")}
+    c0, c0b = RowwisePolicy(policy).predict_chunk(batch), RowwisePolicy(policy, 0).predict_chunk(batch)
+    c1, c1b = RowwisePolicy(policy, 1).predict_chunk(batch), RowwisePolicy(policy, 1).predict_chunk(batch)
+    np.testing.assert_array_equal(c0, c0b)
+    np.testing.assert_array_equal(c1, c1b)
+    assert not np.allclose(c0, c1)
+
+    _, r0 = evaluate(policy, ["reach"], 2, ("train",), 100000, 2, progress=False)
+    _, r0b = evaluate(policy, ["reach"], 2, ("train",), 100000, 2, progress=False, noise_stream=0)
+    _, r1 = evaluate(policy, ["reach"], 2, ("train",), 100000, 2, progress=False, noise_stream=1)
+    assert [e.ret for e in r0["reach/train"]] == [e.ret for e in r0b["reach/train"]]
+    assert [e.seed for e in r1["reach/train"]] == [100000, 100001]
+    assert [e.ret for e in r1["reach/train"]] != [e.ret for e in r0["reach/train"]]
+
+    def rec(seed, ok):
+        return EpisodeResult(seed=seed, instruction="i", success=ok, length=1, ret=0.0)
+
+    streams = [{"reach/train": [rec(1, True), rec(2, False), rec(3, False)]},
+               {"reach/train": [rec(1, False), rec(2, True), rec(3, False)]}]
+    s = noise_stream_summary(streams)
+    assert s["k"] == 2
+    assert s["per_task"]["reach/train"]["pass_at_k"] == pytest.approx(2 / 3)
+    assert s["per_task"]["reach/train"]["mean"] == pytest.approx(2 / 6)
+    assert s["per_task"]["reach/train"]["unsolved_seeds"] == [3]
+    assert s["train"]["pass_at_k"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="other seeds"):
+        noise_stream_summary([streams[0], {"reach/train": [rec(1, True), rec(2, True), rec(4, True)]}])
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"noise_streams": 0}, r"noise_streams must be in \[1, 1000\], got 0"),
+    ({"noise_streams": 4}, "give checkpoint=PATH"),
+    ({"noise_streams": 4, "checkpoint": "CKPT", "workers": 2}, "runner=local workers=1"),
+])
+def test_noise_streams_refuses_what_it_cannot_replay(tmp_path, kw, match):
+    from embodied.runtime.eval_job import EvalConfig
+
+    if kw.get("checkpoint") == "CKPT":
+        (tmp_path / "c").mkdir()
+        kw = {**kw, "checkpoint": str(tmp_path / "c")}
+    with pytest.raises(ValueError, match=match):
+        EvalConfig(tasks=["reach"], **kw)

@@ -15,6 +15,10 @@ config that ``embodied <name> ... --cfg job --resolve`` prints. The run director
 - ``embodied.commands.rundir``: run folders are owned (``embodied-run.json``); ``RunDirGuard``
   applies that before Hydra writes anything.
 
+Under torchrun every process runs the command with the same ``hydra.run.dir``; rank 0 alone
+writes there (Hydra's ``.hydra/`` files and log, the owner marker): the other ranks get
+``hydra.output_subdir=null`` and log to the console only (``embodied.runtime.ddp``).
+
 A command may also pass ``prepare(cfg, run_dir)`` to ``hydra_command``: it runs after the
 run-folder checks and before Hydra writes anything, to refuse (a user error) or to end early
 (``AlreadyDone``), e.g. a resume that does not fit the run.
@@ -34,6 +38,7 @@ from hydra.experimental.callback import Callback
 from embodied.commands.rundir import check_owner, claim_run_dir, keep_hydra_files
 from embodied.commands.schema import register_configs, to_schema
 from embodied.commands.user_errors import describe_error, fail, user_error
+from embodied.runtime.ddp import rank_from_env
 
 log = logging.getLogger("embodied")
 
@@ -98,7 +103,7 @@ class RunDirGuard(Callback):
             obj = to_schema(task_cfg, schema)
             if prepare is not None:
                 prepare(obj, run)
-            if owner == self.command and run.exists():
+            if owner == self.command and run.exists() and rank_from_env() == 0:
                 keep_hydra_files(run)
             _GUARDED.add(run)
         except AlreadyDone as e:
@@ -125,6 +130,8 @@ def _with_hydra_overrides(name: str, args: list[str]) -> list[str]:
     since Hydra reads the overrides as one run of words, and so the user's own win."""
     ours = [f"hydra.job.name={name}",
             f"+hydra.callbacks.embodied_run_dir={{_target_:{__name__}.RunDirGuard,command:{name}}}"]
+    if rank_from_env() != 0:  # a torchrun rank but 0: rank 0 alone writes the run folder
+        ours += ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     i = 0
     while i < len(args) and args[i].startswith("-"):
         i += 2 if args[i] in _VALUED_FLAGS else 1
@@ -157,7 +164,10 @@ def hydra_command(name: str, schema: type, prepare: Callable[[Any, Path], None] 
                 out = run_dir().absolute()
                 if out not in _GUARDED and prepare is not None:  # a multirun job: RunDirGuard did not see it
                     prepare(obj, out)
-                claim_run_dir(out, name)
+                if rank_from_env() == 0:
+                    claim_run_dir(out, name)
+                else:
+                    check_owner(out, name)
             except AlreadyDone as e:
                 print(f"embodied {name}: {e}", file=sys.stderr)
                 return None

@@ -68,6 +68,7 @@ class EvalConfig:
     instructions: dict[str, list[str]] = field(default_factory=dict)  # task -> your own templates
     instructions_file: str = ""  # YAML/JSON file mapping task -> list of templates
     swap_instructions: bool = False  # also evaluate each task with another task's instructions
+    noise_streams: int = 1  # > 1: play every seed with this many initial-noise streams; reports pass@k
     seed: int = 100_000  # evaluation seeds are disjoint from collection seeds
     num_envs: int = 8
     vector: str = "auto"  # auto: async (worker processes) for pixels, sync for state
@@ -124,6 +125,15 @@ class EvalConfig:
             check_wordings(f"instructions.{task}", words)
         if self.swap_instructions and (self.instructions or self.instructions_file):
             raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
+        if not 1 <= self.noise_streams <= 1000:
+            raise ValueError(f"noise_streams must be in [1, 1000], got {self.noise_streams}")
+        if self.noise_streams > 1:
+            if not self.checkpoint or self.checkpoints:
+                raise ValueError("noise_streams > 1 replays a flow or diffusion checkpoint's seeds with other initial "
+                                 "noise: give checkpoint=PATH (one checkpoint; not the experts, a server or checkpoints=)")
+            if self.runner == "ray" or self.workers != 1:
+                raise ValueError(f"noise_streams > 1 runs in this process: use runner=local workers=1, got "
+                                 f"runner={self.runner}, workers={self.workers}")
         check_device(self.device)
         ray_options(self)
         tasks = resolve_tasks(self.suite, self.tasks)  # an unknown suite or task is named before anything is written
@@ -316,6 +326,8 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     if series:
         return _run_series(cfg, out, tasks, instructions, series)
     metrics, results = _evaluate_one(cfg, tasks, instructions, cfg.checkpoint, cfg.videos, policy)
+    if cfg.noise_streams > 1:
+        metrics["noise_streams"] = _noise_streams(cfg, tasks, instructions, results)
     videos = save_videos(out, results) if cfg.videos else {}
     metrics["videos"] = videos
     metrics["policy"] = cfg.checkpoint or cfg.url or cfg.policy["name"]
@@ -374,6 +386,31 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
                                 instructions, videos, cfg.progress, ray_options(cfg), workers=workers)
     return evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
                     env_kwargs, instructions, videos, cfg.progress)
+
+
+def _noise_streams(cfg: EvalConfig, tasks: list[str], instructions: dict[str, list[str]],
+                   first: dict[str, Any]) -> dict[str, Any]:
+    """pass@k over ``cfg.noise_streams`` streams of initial noise (stream 0 is ``first``)."""
+    from embodied.runtime.evaluate import noise_stream_summary
+
+    policy = load_for_eval(cfg.checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions)
+    if getattr(policy.unwrapped, "noise_shape", None) is None or not getattr(policy.unwrapped, "generative", True):
+        raise ValueError(f"noise_streams={cfg.noise_streams}: {cfg.checkpoint} does not draw initial noise (a flow or "
+                         "diffusion checkpoint does), so every stream would play the same episodes")
+    env_kwargs = policy_env_kwargs(policy, tasks)
+    vector = cfg.vector if cfg.vector != "auto" else ("async" if env_kwargs.get("obs_mode", "state") != "state"
+                                                      else "sync")
+    streams = [first]
+    for k in range(1, cfg.noise_streams):
+        log.info("noise stream %d/%d", k + 1, cfg.noise_streams)
+        streams.append(evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
+                                instructions, 0, cfg.progress, noise_stream=k)[1])
+    summary = noise_stream_summary(streams)
+    for key, v in summary["per_task"].items():
+        log.info("%-24s mean %5.1f%%  pass@%d %5.1f%%", key, 100 * v["mean"], summary["k"], 100 * v["pass_at_k"])
+    log.info("pass@%d: %s", summary["k"], ", ".join(f"{s} {pct(summary[s]['pass_at_k'])} (mean {pct(summary[s]['mean'])})"
+                                                    for s in summary if s not in ("k", "per_task")))
+    return summary
 
 
 def log_table(metrics: dict[str, Any]) -> None:

@@ -63,6 +63,7 @@ def evaluate(
     instructions: Mapping[str, Sequence[str]] | None = None,
     videos: int = 0,
     progress: bool = True,
+    noise_stream: int = 0,
 ) -> tuple[dict[str, Any], dict[str, list[EpisodeResult]]]:
     """Evaluate ``policy`` on each task and instruction split.
 
@@ -79,6 +80,8 @@ def evaluate(
         instructions: optional task -> instruction templates of your own wording,
             evaluated as an extra split ``"custom"``.
         videos: episodes per task (train split) whose frames are kept for videos.
+        noise_stream: which stream of per-observation initial noise a generative policy gets
+            (``RowwisePolicy``); 0 is the stream every other evaluation uses.
 
     Returns:
         (metrics, results) where metrics has ``success_rate`` (mean over tasks, train
@@ -90,7 +93,9 @@ def evaluate(
     runs = eval_runs(tasks, episodes, splits, instructions)
     env_kwargs = dict(env_kwargs or {})
     if isinstance(policy, Policy) and not isinstance(policy, RowwisePolicy):
-        policy = RowwisePolicy(policy)
+        policy = RowwisePolicy(policy, noise_stream)
+    elif noise_stream and isinstance(policy, RowwisePolicy):
+        policy = RowwisePolicy(policy.policy, noise_stream)
     t0 = time.time()
     bar = tqdm(total=len(runs) * episodes, desc="eval", unit="ep", disable=not progress, leave=False)
     all_results: dict[str, list[EpisodeResult]] = {}
@@ -172,6 +177,31 @@ def summarize(tasks: Sequence[str], results: Mapping[str, Sequence[EpisodeResult
     return metrics
 
 
+def noise_stream_summary(streams: Sequence[Mapping[str, Sequence[EpisodeResult]]]) -> dict[str, Any]:
+    """Success over several noise streams of the same seeds (``evaluate(..., noise_stream=k)``).
+
+    For each ``"task/split"``: ``mean`` (success over all streams and seeds), ``pass_at_k``
+    (the share of seeds that at least one stream solves: what choosing each episode's initial
+    noise could reach, the ceiling of latent-noise steering for this policy), ``unsolved_seeds``
+    and ``k``; and the means over tasks per split.
+    """
+    k = len(streams)
+    out: dict[str, Any] = {"k": k, "per_task": {}}
+    for key in streams[0]:
+        seeds = [r.seed for r in streams[0][key]]
+        if any([r.seed for r in s[key]] != seeds for s in streams):
+            raise ValueError(f"noise streams of {key} played other seeds: compare the same seeds")
+        wins = np.array([[r.success for r in s[key]] for s in streams], dtype=bool)  # (k, seeds)
+        solved = wins.any(axis=0)
+        out["per_task"][key] = {"mean": float(wins.mean()), "pass_at_k": float(solved.mean()),
+                                "unsolved_seeds": [s for s, ok in zip(seeds, solved) if not ok]}
+    for split in sorted({key.rsplit("/", 1)[1] for key in out["per_task"]}):
+        rows = [v for key, v in out["per_task"].items() if key.rsplit("/", 1)[1] == split]
+        out[split] = {"mean": float(np.mean([r["mean"] for r in rows])),
+                      "pass_at_k": float(np.mean([r["pass_at_k"] for r in rows]))}
+    return out
+
+
 class RowwisePolicy(PolicyWrapper):
     """``policy`` run one batch row at a time, with each row's initial noise drawn from that row.
 
@@ -191,11 +221,13 @@ class RowwisePolicy(PolicyWrapper):
     has one CPU where this process may have many.
     """
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, noise_stream: int = 0):
         super().__init__(policy)
         inner = policy.unwrapped
         self.noise_shape = getattr(inner, "noise_shape", None) if getattr(inner, "generative", True) else None
         self.seed = int(getattr(getattr(inner, "config", None), "seed", 0))
+        # stream k > 0 hashes (seed, k): another draw of every row's noise, as reproducible as stream 0
+        self.noise_key: int | str = self.seed if noise_stream == 0 else f"{self.seed}/{noise_stream}"
 
     def observe(self, episode: Episode, obs: Mapping[str, Any]) -> Mapping[str, Any]:
         with _one_torch_thread():  # a grounding encoder's vector must not depend on this process's threads
@@ -205,7 +237,7 @@ class RowwisePolicy(PolicyWrapper):
         b = len(obs_batch["instruction"])
         rows = [batch_row(obs_batch, i) for i in range(b)]
         if noise is None and self.noise_shape is not None:
-            noise = np.concatenate([_row_noise(self.seed, row, tuple(self.noise_shape)) for row in rows])
+            noise = np.concatenate([_row_noise(self.noise_key, row, tuple(self.noise_shape)) for row in rows])
         with _one_torch_thread():
             if b > 1 and getattr(self.policy, "batches_rows", False):
                 return np.asarray(self.policy.predict_rows(obs_batch, noise))  # bitwise the rows alone
@@ -233,7 +265,7 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
-def _row_noise(seed: int, row: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:
+def _row_noise(seed: int | str, row: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:
     """(1, *shape) float32 N(0, I) noise, a function of ``seed`` and the row's contents."""
     h = hashlib.blake2b(str(seed).encode(), digest_size=8)
 

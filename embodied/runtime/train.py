@@ -39,6 +39,10 @@ auxiliary loss (``policy.aux_state_weight``); the policy never reads that state.
 Instructions are re-sampled during training: each window gets a random *training*
 paraphrase of its task, filled with the episode's parameters (held-out ones are never
 seen), so the policy learns what the words mean rather than one sentence per task.
+
+Under torchrun (``torchrun --nproc_per_node=N -m embodied.cli train ...``) the processes split
+the global ``batch_size`` and average their gradients; rank 0 alone collects, logs, evaluates
+and writes (``embodied.runtime.ddp``).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from embodied.core.registry import get_task, make_env, resolve_tasks
+from embodied.runtime import ddp
+from embodied.runtime.ddp import BACKENDS
 from embodied.runtime.evaluate import write_json
 from embodied.runtime.stream import DEFAULT_MEMORY_GB
 from policies import save_policy
@@ -70,7 +76,7 @@ log = logging.getLogger("embodied.train")
 # save, log and run it. Every other field of TrainConfig defines the run and must match on resume.
 RESUMABLE = frozenset({"steps", "eval_every", "eval_episodes_periodic", "eval_episodes", "eval_seed", "save_every",
                        "snapshot_every", "num_envs", "workers", "videos", "device", "threads", "progress",
-                       "on_corrupt", "restart", "stream", "stream_memory_gb"})
+                       "on_corrupt", "restart", "stream", "stream_memory_gb", "ddp_backend"})
 RUN_RECORD = "train_run.json"  # in checkpoint/: the settings that define the run, its data and its step
 DERIVED_POLICY_FIELDS = ("aux_state_dim",)  # set by train from the dataset, not by the user
 
@@ -126,6 +132,9 @@ class TrainConfig:
     stream_memory_gb: float = DEFAULT_MEMORY_GB
     # start over in this run folder: the run already there is moved aside (to RUN.old-<k>), not deleted
     restart: bool = False
+    # under torchrun (embodied.runtime.ddp): the process group's backend, auto (nccl on GPUs, else gloo), gloo or
+    # nccl; batch_size is the global batch, split evenly over the processes
+    ddp_backend: str = "auto"
 
     def __post_init__(self) -> None:
         from embodied.runtime.collect import check_image_args
@@ -153,6 +162,8 @@ class TrainConfig:
             raise ValueError(f"stream_memory_gb={self.stream_memory_gb:g} has no effect with stream={self.stream}: "
                              "it is the budget stream=auto compares the training arrays with")
         check_device(self.device)
+        if self.ddp_backend not in BACKENDS:
+            raise ValueError(f"ddp_backend must be one of {BACKENDS}, got {self.ddp_backend!r}")
         resolve_tasks(self.suite, self.tasks)  # an unknown suite or task is named now, not after the data
         if "name" not in self.policy:
             raise ValueError("policy needs a name: policy=flow | diffusion | mlp")
@@ -562,17 +573,25 @@ def plot_curve(path: Path, losses: list[tuple[int, float]], curve: list[dict[str
     plt.close(fig)
 
 
-def train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+def train(cfg: TrainConfig, out: Path) -> dict[str, Any] | None:
     """Train (or resume) the run in ``out`` and evaluate it; its metrics (see the module docstring).
 
+    Under torchrun each process trains on its share of the global batch (``embodied.runtime.ddp``);
+    rank 0 alone evaluates and writes, and the others return None once it is done.
     On Ctrl-C the steps done are saved first, then a warning says what ``out`` holds and the
     ``KeyboardInterrupt`` goes on up.
     """
+    world = ddp.start(cfg.batch_size, cfg.device, cfg.ddp_backend)
     try:
-        return _train(cfg, out)
+        metrics = _train(cfg, out, world)
+        ddp.barrier(world)  # the others wait for rank 0's evaluation, so that every rank leaves the group together
+        return metrics
     except KeyboardInterrupt:
-        log.warning("%s", _kept(cfg, out))
+        if world.main:
+            log.warning("%s", _kept(cfg, out))
         raise
+    finally:
+        ddp.stop(world)
 
 
 def _kept(cfg: TrainConfig, out: Path) -> str:
@@ -592,7 +611,7 @@ def _kept(cfg: TrainConfig, out: Path) -> str:
             f"{out / 'checkpoints'}); rerun the same command to continue from there")
 
 
-def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | None:
     import torch
     from tqdm.auto import tqdm
 
@@ -602,14 +621,15 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
 
     t_start = time.time()
     tasks = resolve_tasks(cfg.suite, cfg.tasks)
-    if cfg.restart and (out / "checkpoint").exists():  # `embodied train` has moved it before it started
+    if world.main and cfg.restart and (out / "checkpoint").exists():  # `embodied train` has moved it before it started
         log.warning("restart=true: moved the previous run to %s", move_aside(out))
         out.mkdir(parents=True)
+    ddp.barrier(world)  # the others read the run folder once rank 0 has moved it aside
     start_step, trained_on = resume_state(cfg, out)  # refuses another run's folder before any work
     if start_step and start_step == cfg.steps and finished(out, start_step):
         log.info("%s finished at step %d: nothing to train (steps > %d continues it)", out, start_step, start_step)
-        return json.loads((out / "metrics.json").read_text())
-    torch.set_num_threads(cfg.threads or free_cores())
+        return json.loads((out / "metrics.json").read_text()) if world.main else None
+    torch.set_num_threads(cfg.threads or max(1, free_cores() // world.local_size))
     torch.manual_seed(cfg.seed)
     name = cfg.policy["name"]
     pcfg = make_config(name, {**cfg.policy, "obs_mode": cfg.obs_mode})  # validates before any work
@@ -618,7 +638,11 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     obs_spec, action_spec = probe.unwrapped.observation_spec, probe.unwrapped.action_spec
     probe.close()
 
-    ds = _ensure_dataset(cfg, tasks, out)
+    if world.main:  # rank 0 collects what is missing, the others then open the dataset
+        ds = _ensure_dataset(cfg, tasks, out)
+    ddp.barrier(world)
+    if not world.main:
+        ds = _ensure_dataset(cfg, tasks, out)
     _check_dataset(ds, obs_spec, action_spec)
     episodes = dict(sorted(Counter(m.get("task") for m in ds.episodes_meta if m.get("task") in tasks).items()))
     if trained_on is not None and trained_on != episodes:
@@ -631,13 +655,15 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     ckpt = out / "checkpoint"
     curve: list[dict[str, Any]] = []
     if start_step:
-        policy = load_policy(str(ckpt), device=cfg.device)
+        policy = load_policy(str(ckpt), device=world.device)
         state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
         curve = list(state["curve"])
         log.info("resuming from %s at step %d", ckpt, start_step)
     else:
         stats = ds.stats
-        policy = make_policy(name, pcfg, obs_spec, action_spec, stats, task_names=tasks, device=cfg.device)
+        policy = make_policy(name, pcfg, obs_spec, action_spec, stats, task_names=tasks, device=world.device)
+    ddp.broadcast_state(policy, world)
+    ddp.seed_rank(cfg.seed, world)
     opt = policy.make_optimizer()
     sched = policy.make_scheduler(opt, cfg.steps)
     if start_step:
@@ -658,7 +684,7 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
         deployed = GroundedPolicy(policy, batcher.grounding(policy.config.ground_neighbours))
     from torch.utils.tensorboard import SummaryWriter
 
-    tb = SummaryWriter(str(out / "tb"))
+    tb = SummaryWriter(str(out / "tb")) if world.main else None
     losses: list[tuple[int, float]] = []
     vector = "async" if cfg.obs_mode == "pixels" else "sync"
 
@@ -674,21 +700,23 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     policy.train()
     t_train = time.time()
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=f"train {name}",
-               disable=not cfg.progress)
+               disable=not (cfg.progress and world.main))
+    params = list(policy.model.parameters())
     done = start_step  # steps whose updates the weights hold: what every checkpoint and snapshot is labelled
     try:
         for step in bar:
-            batch = batcher.sample(cfg.batch_size)
+            batch = ddp.shard(batcher.sample(cfg.batch_size), world)  # every rank samples the global batch
             loss, logs = policy.compute_loss(batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+            logs = ddp.average_gradients(params, logs, world)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             with _held_interrupts():
                 opt.step()
                 sched.step()
                 policy.ema_update()
                 done = step + 1
-            if step % 25 == 0:
+            if world.main and step % 25 == 0:
                 losses.append((step, logs["loss"]))
                 tb.add_scalar("train/loss", logs["loss"], step)
                 tb.add_scalar("train/lr", sched.get_last_lr()[0], step)
@@ -700,6 +728,8 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
                 log.info("step %d/%d loss %.4f%s (%.0f s)", step + 1, cfg.steps, logs["loss"],
                          f" (aux state {logs['aux_state_loss']:.4f})" if "aux_state_loss" in logs else "",
                          time.time() - t_train)
+            if not world.main:  # the others go on to the next step's all-reduce, which waits for rank 0
+                continue
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 periodic_eval(done)
             if cfg.snapshot_every and done % cfg.snapshot_every == 0:
@@ -707,13 +737,16 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
             if done % cfg.save_every == 0:
                 _save(deployed, opt, sched, done, curve, out, record)
     except KeyboardInterrupt:  # keep the steps done (train() then says what is kept)
-        with _held_interrupts(reraise=False):
-            _save(deployed, opt, sched, done, curve, out, record)
+        if world.main:
+            with _held_interrupts(reraise=False):
+                _save(deployed, opt, sched, done, curve, out, record)
         raise
     finally:
         bar.close()
-    train_time = time.time() - t_train
     batcher.close()
+    if not world.main:
+        return None
+    train_time = time.time() - t_train
     from embodied.runtime.stream import peak_rss_mb
 
     train_peak_rss_mb = peak_rss_mb()  # this process's peak through training, before evaluation starts workers
@@ -738,7 +771,8 @@ def _train(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     videos = save_videos(out, results) if cfg.videos else {}
     metrics.update({
         "policy": name, "suite": cfg.suite, "tasks": tasks, "obs_mode": cfg.obs_mode, "steps": done,
-        "resumed_from_step": start_step, "batch_size": cfg.batch_size, "demos": cfg.demos,
+        "resumed_from_step": start_step, "batch_size": cfg.batch_size, "world_size": world.size,
+        "batch_per_rank": cfg.batch_size // world.size, "ddp_backend": world.backend, "demos": cfg.demos,
         "demo_noise": cfg.demo_noise, "dataset": str(ds.root), "dataset_episodes": episodes,
         "checkpoint": str(ckpt), "videos": videos, "success_curve": curve,
         "final_loss": losses[-1][1] if losses else None, "parameters": n_params,

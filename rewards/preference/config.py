@@ -95,10 +95,8 @@ class PreferConfig:
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("selection", self.selection, SELECTIONS)
         check_choice("labels_on_malformed", self.labels_on_malformed, ON_MALFORMED)
-        for name in ("rounds", "oversample", "segment_length", "episodes_per_round", "candidates",
-                     "heldout_episodes", "heldout_pairs", "eval_episodes"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._at_least(1, "rounds", "oversample", "segment_length", "episodes_per_round", "candidates",
+                       "heldout_episodes", "heldout_pairs", "eval_episodes")
         if self.budget < 0 or self.seed < 0:
             raise ValueError(f"budget and seed must be >= 0, got budget={self.budget}, seed={self.seed}")
         if self.teacher == "vlm" and not self.vlm_reward:
@@ -118,21 +116,25 @@ class PreferConfig:
                 raise ValueError("learner=steer needs checkpoint=RUN/checkpoint (a flow or diffusion policy of "
                                  "`embodied train`)")
             check_choice("steer_ground_truth", self.steer_ground_truth, ("sparse", "dense"))
-            if self.steer_env_steps < 1 or self.steer_eval_every < 0 or self.steer_eval_episodes < 1:
-                raise ValueError(f"steer_env_steps and steer_eval_episodes must be >= 1 and steer_eval_every >= 0, "
-                                 f"got {self.steer_env_steps}, {self.steer_eval_episodes}, {self.steer_eval_every}")
+            self._at_least(1, "steer_env_steps", "steer_eval_episodes")
+            self._at_least(0, "steer_eval_every")
         if self.learner == "pebble":
             if len(self.tasks) > 1 or self.suite:
                 raise ValueError("learner=pebble trains SAC in one task's action space: give task=NAME (several "
                                  "tasks learn one reward with learner=steer or learner=ranking)")
             check_choice("pebble_ground_truth", self.pebble_ground_truth, ("sparse", "dense"))
-            if self.pebble_unsup_steps < 0 or self.pebble_knn < 1 or self.pebble_learning_starts < 0:
-                raise ValueError(f"pebble_unsup_steps and pebble_learning_starts must be >= 0 and pebble_knn >= 1, got "
-                                 f"{self.pebble_unsup_steps}, {self.pebble_learning_starts}, {self.pebble_knn}")
+            self._at_least(0, "pebble_unsup_steps", "pebble_learning_starts")
+            self._at_least(1, "pebble_knn")
         if self.learner in ("steer", "pebble"):
             if self.reward.input != "state":
                 raise ValueError(f"learner={self.learner} learns with a state reward (the privileged state of each "
                                  f"step): reward.input must be 'state', got {self.reward.input!r}")
+
+    def _at_least(self, low: int, *names: str) -> None:
+        """Refuse any of the options ``names`` below ``low``, naming each one and its value."""
+        bad = [f"{n} must be >= {low}, got {getattr(self, n)}" for n in names if int(getattr(self, n)) < low]
+        if bad:
+            raise ValueError("; ".join(bad))
 
     @property
     def task_names(self) -> list[str]:
