@@ -206,6 +206,18 @@ def test_two_processes_train_what_one_does(pair):
     assert "torchrun: 2 processes (gloo), 4 rows of the 8-row batch each" in two.stdout + two.stderr
 
 
+@pytest.mark.slow
+def test_two_processes_streaming_train_what_two_in_memory_do(pair):
+    """Each rank streams the global batch from the episode files and keeps its slice: the same run."""
+    root, _, two = pair
+    r = train(*TINY, "steps=20", "stream=true", f"dataset={root}/ds", f"hydra.run.dir={root}/two-stream", cwd=root,
+              launcher=TORCHRUN)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert logged_losses(r.stdout + r.stderr) == logged_losses(two.stdout + two.stderr)
+    assert max_weight_diff(root / "two", root / "two-stream") == 0
+    assert json.loads((root / "two-stream/metrics.json").read_text())["streamed"] is True
+
+
 def test_rank_0_alone_writes_the_run_folder(pair):
     root, _, two = pair
     run = root / "two"

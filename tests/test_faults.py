@@ -371,10 +371,11 @@ def test_ctrl_c_in_collect_says_what_was_kept_and_exits_130(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_train_says_what_was_kept_and_exits_130(trained, tmp_path):
+@pytest.mark.parametrize("stream", ["false", "true"])  # true: a thread reads the next batch when Ctrl-C comes
+def test_ctrl_c_in_train_says_what_was_kept_and_exits_130(trained, tmp_path, stream):
     record = tmp_path / "run/checkpoint/train_run.json"  # written at the first save (save_every=2)
-    code, out = interrupt(["train", *TINY, "steps=1000000", f"dataset={trained}/ds", f"hydra.run.dir={tmp_path}/run"],
-                          tmp_path, lambda _: record.is_file())
+    code, out = interrupt(["train", *TINY, "steps=1000000", f"stream={stream}", f"dataset={trained}/ds",
+                           f"hydra.run.dir={tmp_path}/run"], tmp_path, lambda _: record.is_file())
     assert code == 130 and "Traceback" not in out, out[-3000:]
     m = re.search(r"interrupted at step (\d+) of 1000000: (\S+) holds the policy at step \1", out)
     assert m and out.strip().endswith("embodied train: interrupted"), out[-3000:]

@@ -21,10 +21,12 @@ files of dead writers are removed. One writer per dataset at a time.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -423,17 +425,18 @@ class Dataset:
             if keep is None or e.get("task") in keep:
                 yield self[i]
 
-    def load_arrays(self, features: Sequence[str] = ("state", "action"),
-                    tasks: Iterable[str] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Concatenate episodes for training.
-
-        Returns:
-            arrays: feature -> (N, *shape), N the total number of steps.
-            episode_ends: (E,) int64, exclusive end of each episode in the N axis.
-        """
+    def check_features(self, features: Iterable[str]) -> None:
+        """Raise DatasetError naming the ``features`` this dataset does not record."""
         unknown = [f for f in features if f not in self.features]
         if unknown:
-            raise DatasetError(f"unknown features {unknown}; the dataset has {sorted(self.features)}")
+            raise DatasetError(f"unknown features {unknown}; the dataset {self.root} has {sorted(self.features)}")
+
+    def select(self, tasks: Iterable[str] | None = None) -> list[int]:
+        """Positions (``ds[i]``) of the episodes of ``tasks`` (all if None), in order.
+
+        Raises:
+            DatasetError: a task of ``tasks`` has no episode here (each named, with the tasks it holds).
+        """
         keep = None if tasks is None else set(tasks)
         if keep is not None:
             have = {e.get("task") for e in self._entries}
@@ -441,7 +444,26 @@ class Dataset:
             if missing:
                 raise DatasetError(f"tasks {missing} have no episodes in {self.root}; it holds "
                                    f"{sorted(str(t) for t in have)}")
-        sel = [i for i, e in enumerate(self._entries) if keep is None or e.get("task") in keep]
+        return [i for i, e in enumerate(self._entries) if keep is None or e.get("task") in keep]
+
+    def read(self, i: int, features: Sequence[str]) -> dict[str, np.ndarray]:
+        """Only ``features`` of episode ``i``, each (T, *shape) and read-only: the other arrays and the
+        meta of its file stay unread (T is the index's), for a reader that reads episodes batch by batch."""
+        self.check_features(features)
+        e = self._entries[i]
+        return _read_members(self.root / "episodes" / e["file"], self.features, features, int(e["length"]))
+
+    def load_arrays(self, features: Sequence[str] = ("state", "action"),
+                    tasks: Iterable[str] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Concatenate episodes for training (all of them in memory; ``embodied.runtime.stream``
+        reads windows from disk instead).
+
+        Returns:
+            arrays: feature -> (N, *shape), N the total number of steps.
+            episode_ends: (E,) int64, exclusive end of each episode in the N axis.
+        """
+        self.check_features(features)
+        sel = self.select(tasks)
         ends = np.cumsum([self._entries[i]["length"] for i in sel], dtype=np.int64)
         n = int(ends[-1]) if len(ends) else 0
         out = {f: np.empty((n, *self.features[f]["shape"]), self.features[f]["dtype"]) for f in features}
@@ -512,9 +534,18 @@ def _read_index(path: Path) -> tuple[dict[int, dict[str, Any]], bool]:
     entries, dirty = {}, False
     if not path.exists():
         return entries, True
+    strings: dict[str, str] = {}  # one object per distinct string: keys, tasks and wordings repeat on every line
+
+    def share(x: Any) -> Any:
+        if isinstance(x, str):
+            return strings.setdefault(x, x)
+        if isinstance(x, dict):
+            return {strings.setdefault(k, k): share(v) for k, v in x.items()}
+        return [share(v) for v in x] if isinstance(x, list) else x
+
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            e = json.loads(line)
+            e = share(json.loads(line))
             entries[int(e["episode"])] = e
         except (ValueError, KeyError, TypeError):
             dirty = True  # e.g. a half-written last line: rebuilt from the files
@@ -523,6 +554,42 @@ def _read_index(path: Path) -> tuple[dict[int, dict[str, Any]], bool]:
 
 def _entry(ep_id: int, path: Path, meta: dict[str, Any]) -> dict[str, Any]:
     return {"episode": ep_id, "file": path.name, "bytes": path.stat().st_size, **meta}
+
+
+_NPY_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}  # .npy header -> (shape, fortran, dtype)
+
+
+def _read_members(path: Path, features: dict[str, dict[str, Any]], keys: Sequence[str],
+                  length: int) -> dict[str, np.ndarray]:
+    """``keys`` of one episode file as read-only (length, *shape) views of the decompressed members.
+
+    What ``_load_npz`` checks, checked against the index's ``length``, with each distinct .npy header
+    parsed once: ``np.load`` spends most of an episode's read parsing headers and the meta.
+    """
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            for k in keys:
+                raw = z.read(k + ".npy")
+                size = 2 if raw[6:7] == b"\x01" else 4  # header length field: 2 bytes in format 1.0, else 4
+                start = 8 + size + int.from_bytes(raw[8:8 + size], "little")
+                head = raw[:start]
+                if head not in _NPY_HEADERS:
+                    f = io.BytesIO(head)
+                    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                                   (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(f)]
+                    _NPY_HEADERS[head] = read_header(f)
+                shape, fortran, dtype = _NPY_HEADERS[head]
+                spec = features[k]
+                if dtype != np.dtype(spec["dtype"]) or fortran or shape != (length, *spec["shape"]):
+                    raise DatasetError(f"feature {k!r} is {dtype.name} {shape}, expected {spec['dtype']} "
+                                       f"(T={length},)+{tuple(spec['shape'])}")
+                out[k] = np.frombuffer(raw, dtype, int(np.prod(shape, dtype=np.int64)), start).reshape(shape)
+    except DatasetError as e:
+        raise DatasetError(f"{path}: {e}") from None
+    except Exception as e:  # zipfile, zlib and numpy format errors all mean a bad file
+        raise DatasetError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    return out
 
 
 def _load_npz(path: Path, features: dict[str, dict[str, Any]],

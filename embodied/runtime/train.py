@@ -67,6 +67,7 @@ from embodied.core.registry import get_task, make_env, resolve_tasks
 from embodied.runtime import ddp
 from embodied.runtime.ddp import BACKENDS
 from embodied.runtime.evaluate import write_json
+from embodied.runtime.stream import DEFAULT_MEMORY_GB
 from policies import save_policy
 
 log = logging.getLogger("embodied.train")
@@ -75,7 +76,7 @@ log = logging.getLogger("embodied.train")
 # save, log and run it. Every other field of TrainConfig defines the run and must match on resume.
 RESUMABLE = frozenset({"steps", "eval_every", "eval_episodes_periodic", "eval_episodes", "eval_seed", "save_every",
                        "snapshot_every", "num_envs", "workers", "videos", "device", "threads", "progress",
-                       "on_corrupt", "restart", "ddp_backend"})
+                       "on_corrupt", "restart", "stream", "stream_memory_gb", "ddp_backend"})
 RUN_RECORD = "train_run.json"  # in checkpoint/: the settings that define the run, its data and its step
 DERIVED_POLICY_FIELDS = ("aux_state_dim",)  # set by train from the dataset, not by the user
 
@@ -124,6 +125,11 @@ class TrainConfig:
     # a corrupt episode file in the dataset: raise (name it), skip it, or quarantine it (move it to
     # DATASET/quarantine/); as `embodied collect on_corrupt=...`
     on_corrupt: str = "raise"
+    # read training windows from the episode files batch by batch instead of loading the dataset into memory
+    # (embodied.runtime.stream): true, false, or auto (stream when the arrays trained on would take more than
+    # stream_memory_gb). The batches are the same either way
+    stream: str = "auto"
+    stream_memory_gb: float = DEFAULT_MEMORY_GB
     # start over in this run folder: the run already there is moved aside (to RUN.old-<k>), not deleted
     restart: bool = False
     # under torchrun (embodied.runtime.ddp): the process group's backend, auto (nccl on GPUs, else gloo), gloo or
@@ -134,6 +140,7 @@ class TrainConfig:
         from embodied.runtime.collect import check_image_args
         from embodied.runtime.data import ON_CORRUPT
         from embodied.runtime.eval_job import check_device
+        from embodied.runtime.stream import check_memory_gb, stream_mode
 
         for name in ("demos", "steps", "batch_size", "eval_episodes", "eval_episodes_periodic", "save_every",
                      "num_envs"):
@@ -149,6 +156,11 @@ class TrainConfig:
         check_image_args(self.obs_mode, self.image_size, self.cameras)
         if self.on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {self.on_corrupt!r}")
+        self.stream = stream_mode(self.stream)
+        self.stream_memory_gb = check_memory_gb(self.stream_memory_gb)
+        if self.stream != "auto" and self.stream_memory_gb != DEFAULT_MEMORY_GB:
+            raise ValueError(f"stream_memory_gb={self.stream_memory_gb:g} has no effect with stream={self.stream}: "
+                             "it is the budget stream=auto compares the training arrays with")
         check_device(self.device)
         if self.ddp_backend not in BACKENDS:
             raise ValueError(f"ddp_backend must be one of {BACKENDS}, got {self.ddp_backend!r}")
@@ -173,24 +185,46 @@ class TrainConfig:
 
 
 class Batcher:
-    """Random training windows as policy batches (numpy; see ``embodied.runtime.data.sample_windows``)."""
+    """Random training windows as policy batches (numpy; see ``embodied.runtime.data.sample_windows``).
+
+    The windows come from arrays in memory, or with ``stream`` from the episode files batch by batch,
+    the next batch read by a background thread while this one trains (``embodied.runtime.stream``:
+    "auto" streams when the arrays would take more than ``memory_gb``). Both give the same batches
+    for a seed and a batch size: the random draws are the same, only where the values are read differs.
+    """
 
     def __init__(self, ds: Any, tasks: list[str], n_obs_steps: int, horizon: int, pixels: bool, seed: int,
-                 privileged: bool = False):
-        from embodied.runtime.data import make_windows
+                 privileged: bool = False, stream: Any = "auto", memory_gb: float = DEFAULT_MEMORY_GB):
+        from embodied.runtime.stream import (MemoryWindows, StreamedWindows, WindowIndex, arrays_bytes,
+                                             check_memory_gb, should_stream, stream_mode)
 
         feats = ("state", "action") + (("image",) if pixels else ()) + (("privileged_state",) if privileged else ())
-        self.arrays, self.ends = ds.load_arrays(features=feats, tasks=tasks)
-        metas = [m for m in ds.episodes_meta if m.get("task") in tasks]
+        positions = ds.select(tasks)
+        memory_gb = check_memory_gb(memory_gb)
+        self.streamed = should_stream(stream_mode(stream), arrays_bytes(ds, feats, positions), memory_gb)
+        self.ds, self.positions = ds, positions
+        self.source = (StreamedWindows if self.streamed else MemoryWindows)(ds, positions, feats, tasks)
+        metas = ds.episodes_meta
+        metas = [metas[i] for i in positions]
         self.task_of = [m["task"] for m in metas]
         self.params = [m.get("params") or {} for m in metas]
         # an episode recorded elsewhere (imported from a LeRobotDataset) has no template parameters: its own words
         self.words = [None if "params" in m else str(m.get("instruction") or "") for m in metas]
         self.templates = {t: get_task(t).train_instructions for t in set(self.task_of)}
-        self.windows = make_windows(self.ends, horizon)
+        self.windows = WindowIndex([int(m["length"]) for m in metas])
         self.to, self.h = n_obs_steps, horizon
         self.rng = np.random.default_rng(seed)
         self._cache: dict[tuple[str, int, int], str] = {}
+        # streaming: the next batch, drawn ahead and being read by the thread (batch size, rng state before its
+        # draws, idx, template picks, future)
+        self._ahead: tuple[int, Any, np.ndarray, list[int], Any] | None = None
+        self._pool: Any = None
+        if self.streamed:
+            import weakref
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="stream-batches")
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     def instruction(self, ep: int, k: int) -> str:
         if self.words[ep] is not None:
@@ -216,23 +250,51 @@ class Batcher:
         return sorted({s for ss in self.instructions_by_task().values() for s in ss})
 
     def grounding(self, k: int) -> Any:
-        """The index that grounds unfamiliar instructions (``policies.common.grounding``)."""
+        """The index that grounds unfamiliar instructions (``policies.common.grounding``). Streaming, it
+        loads the ``state`` arrays alone (steps x state_dim floats) to build it, and lets them go."""
         from policies.common.grounding import InstructionGrounding
 
-        starts = np.concatenate([[0], self.ends[:-1]]).astype(np.int64)
-        return InstructionGrounding.from_demonstrations(self.instructions_by_task(), self.arrays["state"][starts],
-                                                        self.task_of, self.arrays["state"], k)
+        if self.streamed:
+            states, ends = self.ds.load_arrays(("state",), tasks=sorted(set(self.task_of)))
+            states = states["state"]
+        else:
+            states, ends = self.source.arrays["state"], self.source.ends
+        starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        return InstructionGrounding.from_demonstrations(self.instructions_by_task(), states[starts], self.task_of,
+                                                        states, k)
+
+    def _draw(self, batch_size: int) -> tuple[np.ndarray, list[int]]:
+        """A batch's random choices: its windows (B, 2) and each window's instruction template."""
+        idx = self.windows[self.rng.integers(len(self.windows), size=batch_size)]
+        return idx, [int(self.rng.integers(len(self.templates[self.task_of[e]]))) for e in idx[:, 0]]
 
     def sample(self, batch_size: int) -> dict[str, Any]:
-        from embodied.runtime.data import sample_windows
-
-        idx = self.windows[self.rng.integers(len(self.windows), size=batch_size)]
-        batch = sample_windows(self.arrays, self.ends, idx, self.to, self.h)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] != batch_size:  # drawn for another batch size: take its draws back
+            self.rng.bit_generator.state = ahead[1]
+            ahead = None
+        if ahead is None:
+            idx, ks = self._draw(batch_size)
+            batch = self.source.cut(idx, self.to, self.h)
+        else:
+            idx, ks, batch = ahead[2], ahead[3], ahead[4].result()
+        if self._pool is not None:
+            state = self.rng.bit_generator.state
+            nidx, nks = self._draw(batch_size)
+            self._ahead = (batch_size, state, nidx, nks, self._pool.submit(self.source.cut, nidx, self.to, self.h))
         eps = idx[:, 0]
-        batch["instruction"] = [self.instruction(int(e), int(self.rng.integers(len(self.templates[self.task_of[e]]))))
-                                for e in eps]
+        batch["instruction"] = [self.instruction(int(e), k) for e, k in zip(eps, ks)]
         batch["task"] = [self.task_of[int(e)] for e in eps]
         return batch
+
+    def close(self) -> None:
+        """Stop the streaming thread (it also stops when the batcher is garbage collected); the batch
+        drawn ahead is taken back, so the next ``sample`` gives it, read in this thread."""
+        if self._ahead is not None:
+            self.rng.bit_generator.state = self._ahead[1]
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool, self._ahead = None, None
 
 
 def free_cores(window_s: float = 0.5) -> int:
@@ -611,7 +673,9 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
     log.info("%s policy, %.2fM parameters, device %s", name, n_params / 1e6, policy.device)
 
     batcher = Batcher(ds, tasks, policy.n_obs_steps, policy.horizon, cfg.obs_mode == "pixels", cfg.seed + start_step,
-                      privileged=policy.config.aux_state_dim > 0 and "privileged_state" in ds.features)
+                      privileged=policy.config.aux_state_dim > 0 and "privileged_state" in ds.features,
+                      stream=cfg.stream, memory_gb=cfg.stream_memory_gb)
+    log.info("training windows %s", "read from the episode files batch by batch" if batcher.streamed else "in memory")
     policy.prepare_instructions(batcher.all_instructions())  # embed them all at once, not step by step
     deployed: Any = policy  # what is saved and evaluated: the network, with its grounding wrapper
     if policy.config.ground_instructions:
@@ -679,9 +743,13 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         raise
     finally:
         bar.close()
+    batcher.close()
     if not world.main:
         return None
     train_time = time.time() - t_train
+    from embodied.runtime.stream import peak_rss_mb
+
+    train_peak_rss_mb = peak_rss_mb()  # this process's peak through training, before evaluation starts workers
     trained = done - start_step
     samples_per_s = trained * cfg.batch_size / max(train_time, 1e-9) if trained else None
     if cfg.snapshot_every:
@@ -709,6 +777,7 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         "checkpoint": str(ckpt), "videos": videos, "success_curve": curve,
         "final_loss": losses[-1][1] if losses else None, "parameters": n_params,
         "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,
+        "streamed": batcher.streamed, "train_peak_rss_mb": train_peak_rss_mb,
         "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
     })
     write_json(out / "metrics.json", metrics)
