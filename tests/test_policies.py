@@ -476,3 +476,35 @@ def test_lr_schedule_warms_up_then_decays():
         sched.step()
     peak = policy.config.lr
     assert lrs[0] < 0.2 * peak and max(lrs) == pytest.approx(peak) and lrs[-1] < 0.01 * peak
+
+
+@pytest.mark.parametrize("variant", ["flow", "flow-unet", "flow-midpoint", "flow-heun", "diffusion", "mlp"])
+def test_a_frozen_policy_gives_one_row_chunks_bitwise_the_eager_ones(variant):
+    """``freeze_for_inference`` (what eval, play and serve load) runs one-row chunks as a traced graph: the
+    chunk must be bitwise the eager one, and the batched rows of evaluation must stay what each row gives."""
+    name, sampler = variant.split("-") if variant.count("-") and "unet" not in variant else (variant, None)
+    family, cfg = VARIANTS[name]
+    torch.manual_seed(0)
+    policy = make_policy(family, {**cfg, **({"sampler": sampler} if sampler else {})}, OBS_SPEC, ACTION_SPEC, STATS,
+                         TASKS, device="cpu")
+    with torch.no_grad():  # FiLM starts at zero: give every weight a value that matters
+        for p in policy.inference_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    rows = [({k: v[i: i + 1] for k, v in obs_batch(3, seed=7).items()}, noise(3, seed=7)[i: i + 1]) for i in range(3)]
+    eager = [policy.predict_chunk(b, z) for b, z in rows]
+    assert policy.freeze_for_inference() == (family == "flow")
+    for _ in range(2):  # traced on the first call, cached after
+        for (b, z), want in zip(rows, eager):
+            assert np.array_equal(policy.predict_chunk(b, z), want), variant
+    batch, z = obs_batch(3, seed=7), noise(3, seed=7)
+    assert np.array_equal(policy.predict_rows(batch, z), np.concatenate(eager))
+    if family == "flow":
+        assert len(policy._frozen.graphs) == 1 and len(policy._frozen.text) == 2
+        policy.num_inference_steps = 2  # another setting: another graph, still the eager chunk
+        fresh = policy.predict_chunk(*rows[0])
+        policy._frozen, kept = None, policy._frozen
+        assert np.array_equal(fresh, policy.predict_chunk(*rows[0]))
+        policy._frozen = kept
+        assert len(policy._frozen.graphs) == 2
+    policy.train()  # the weights may change from here: the graphs are dropped
+    assert policy._frozen is None

@@ -258,6 +258,9 @@ def _one_torch_thread() -> Iterator[None]:
         yield
         return
     n = torch.get_num_threads()
+    if n == 1:  # setting it again is not free: OpenMP re-checks its pool on the next parallel region
+        yield
+        return
     torch.set_num_threads(1)
     try:
         yield

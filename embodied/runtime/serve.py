@@ -77,11 +77,18 @@ def load_served(checkpoint: str, device: str = "auto", num_inference_steps: int 
     from embodied.runtime.checkpoints import load_for_eval
     from embodied.runtime.evaluate import RowwisePolicy
 
+    import torch
+
+    torch.set_num_threads(1)  # rows run on one thread (RowwisePolicy): switching per request costs more than it saves
     policy = load_for_eval(checkpoint, device, num_inference_steps, ground_instructions)
     served = RowwisePolicy(policy)
     meta = policy_metadata(policy, checkpoint=checkpoint,
                            text_encoder=str(getattr(policy.unwrapped.config, "text_encoder", "")))
     _warm_up(served, meta)
+    import gc
+
+    gc.collect()
+    gc.freeze()  # what is loaded stays: the collector no longer walks it (no long pauses between requests)
     return served, meta
 
 

@@ -120,7 +120,7 @@ class TrainConfig:
     videos: int = 2
     seed: int = 0
     device: str = "auto"
-    threads: int = 0  # torch CPU threads (0: the cores not busy now; more threads than free cores stalls torch)
+    threads: int = 0  # torch CPU threads (0: OMP_NUM_THREADS if set, else the cores not busy now; more threads than free cores stalls torch)
     progress: bool = True
     # a corrupt episode file in the dataset: raise (name it), skip it, or quarantine it (move it to
     # DATASET/quarantine/); as `embodied collect on_corrupt=...`
@@ -316,6 +316,15 @@ def free_cores(window_s: float = 0.5) -> int:
         return max(1, n // 2)
     busy = n * (1 - (i1 - i0) / max(t1 - t0, 1))
     return max(1, n - int(busy + 0.3))  # a core counts as busy from 70% use
+
+
+def default_threads() -> int:
+    """Torch threads for ``threads=0``: ``OMP_NUM_THREADS`` when it is set (the usual way to cap a
+    process's threads), else the cores not busy now (``free_cores``)."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return free_cores()
 
 
 def _workers(cfg: TrainConfig, episodes: int) -> int:
@@ -629,7 +638,7 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
     if start_step and start_step == cfg.steps and finished(out, start_step):
         log.info("%s finished at step %d: nothing to train (steps > %d continues it)", out, start_step, start_step)
         return json.loads((out / "metrics.json").read_text()) if world.main else None
-    torch.set_num_threads(cfg.threads or max(1, free_cores() // world.local_size))
+    torch.set_num_threads(cfg.threads or max(1, default_threads() // world.local_size))
     torch.manual_seed(cfg.seed)
     name = cfg.policy["name"]
     pcfg = make_config(name, {**cfg.policy, "obs_mode": cfg.obs_mode})  # validates before any work

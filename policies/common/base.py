@@ -136,6 +136,7 @@ class TorchPolicy(Policy, nn.Module):
                                     "head": self.build_head(config.obs_dim + config.text_dim)})
         self.ema = EMA(self.model, config.ema_power, config.ema_max_decay) if config.ema else None
         self._generator = torch.Generator().manual_seed(config.seed)
+        self._frozen: _FrozenInference | None = None  # freeze_for_inference()
         self.to(resolve_device(device))
 
     # ---- family hooks -------------------------------------------------------------------
@@ -234,6 +235,29 @@ class TorchPolicy(Policy, nn.Module):
         return model["text"](pooled)
 
     # ---- public API ---------------------------------------------------------------------
+    def freeze_for_inference(self) -> bool:
+        """Run one-row chunks through a traced, frozen graph of the inference weights as they are now.
+
+        A one-row ``predict_chunk`` (a served robot, ``play``) then costs a fraction of the
+        eager call: the observation encoder and the head's whole integration run as one
+        TorchScript graph (``torch.jit.trace`` + ``torch.jit.freeze``), and each instruction's
+        text features are computed once. The graph runs the same kernels on the same inputs,
+        so the chunk is bitwise the eager one (tests/test_policies.py checks it). It applies
+        on a CPU, with state observations, to families whose ``sample`` is a fixed loop
+        (``graph_sampling``: flow); otherwise, and for batches, the eager path runs. The
+        weights are pinned: ``train()`` drops the graphs. Returns whether it applies.
+        """
+        ok = self.graph_sampling and self.device.type == "cpu" and self.config.obs_mode == "state"
+        self._frozen = _FrozenInference() if ok else None
+        return ok
+
+    graph_sampling: ClassVar[bool] = False  # sample() is a fixed sequence of tensor ops (traceable)
+
+    def train(self, mode: bool = True) -> "TorchPolicy":
+        if mode:
+            self._frozen = None  # the weights may change: the traced graphs would be stale
+        return super().train(mode)
+
     def prepare_instructions(self, instructions: Sequence[str]) -> None:
         """Embed (and cache) these instructions now, in one batch, instead of as batches meet them."""
         if self.config.text_encoder == "onehot" or not instructions:
@@ -287,6 +311,8 @@ class TorchPolicy(Policy, nn.Module):
                                   for i in range(len(obs["instruction"]))])
                 with row_invariant():
                     chunk = self.sample(model, self._encode(model, obs, text=text), noise_t)
+            elif self._frozen is not None and noise_t.shape[0] == 1:
+                chunk = self._frozen.chunk(self, model, obs, noise_t)
             else:
                 chunk = self.sample(model, self._encode(model, obs), noise_t)
         finally:
@@ -414,3 +440,46 @@ class TorchPolicy(Policy, nn.Module):
             if unknown:
                 raise SpecMismatchError(f"{self.name} policy (one-hot task ids) was not trained on tasks {unknown}; "
                                         f"it knows {self.task_names}")
+
+
+class _ChunkGraph(nn.Module):
+    """One row's chunk (before clamping) from its state, text features and noise: what
+    ``TorchPolicy._chunk`` computes eagerly, as one module to trace."""
+
+    def __init__(self, policy: TorchPolicy, model: nn.ModuleDict) -> None:
+        super().__init__()
+        self.model = model
+        self._policy = [policy]  # not a submodule: the policy's own weights are the model's
+
+    def forward(self, state: torch.Tensor, text: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        policy = self._policy[0]
+        cond = policy._encode(self.model, {"state": state, "images": None}, text=text)
+        return policy.sample(self.model, cond, noise)
+
+
+class _FrozenInference:
+    """The traced graphs (one per sampler setting) and the text features (one per instruction)
+    of a policy's inference weights, for one-row chunks."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple, torch.jit.ScriptModule] = {}
+        self.text: dict[tuple[str, str | None], torch.Tensor] = {}
+
+    def chunk(self, policy: TorchPolicy, model: nn.ModuleDict, obs: dict[str, Any],
+              noise: torch.Tensor) -> torch.Tensor:
+        task = None if obs["task"] is None else obs["task"][0]
+        key = (obs["instruction"][0], task)
+        text = self.text.get(key)
+        if text is None:
+            text = self.text[key] = policy._text_features(model, obs["instruction"], obs["task"])
+        setting = (id(model), getattr(policy.config, "num_inference_steps", 0), getattr(policy.config, "sampler", ""))
+        graph = self.graphs.get(setting)
+        if graph is None:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the tracer's notes on Python floats baked in as constants
+                graph = torch.jit.freeze(torch.jit.trace(_ChunkGraph(policy, model).eval(),
+                                                         (obs["state"], text, noise), check_trace=False))
+            self.graphs[setting] = graph
+        return graph(obs["state"], text, noise)

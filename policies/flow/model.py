@@ -68,6 +68,7 @@ class FlowPolicy(TorchPolicy):
     name = "flow"
     config_class = FlowConfig
     config: FlowConfig
+    graph_sampling = True
 
     def build_head(self, cond_dim: int) -> nn.Module:
         return make_denoiser(self.config, self.action_spec.dim, cond_dim)
