@@ -93,9 +93,14 @@ def test_bad_config_is_a_one_line_error_naming_it(tmp_path, args, needle):
 
 def test_bench_smoke(tmp_path):
     embodied("bench", "tasks=[reach]", "sim_steps=100", "render_frames=5", "render_sizes=[32]",
-             f"hydra.run.dir={tmp_path}/bench", cwd=tmp_path)
+             "sections=[sim,render,train_step]", "policy_demos=2", f"policy_dataset={tmp_path}/ds",
+             "train_step_steps=3", f"hydra.run.dir={tmp_path}/bench", cwd=tmp_path)
     m = json.loads((tmp_path / "bench/metrics.json").read_text())
     assert m["sim"]["per_task"]["reach"]["env_steps_per_s"] > 0 and m["render"]["32px_fps"] > 0
+    step = m["train_step"]
+    assert set(step["phase_share"]) == {"data", "forward", "backward", "clip", "optimizer", "ema"}
+    assert abs(sum(step["phase_share"].values()) - 1) < 1e-6 and step["step_ms"] > 0
+    assert step["one_thread_step_ms"] > 0 and (step["bf16_step_ms"] is None or step["bf16_step_ms"] > 0)
 
 
 def test_render_and_train_in_one_process():

@@ -1,7 +1,9 @@
-"""Policy section of ``embodied bench``: latency, actions/s, success per sampler, throughput.
+"""Policy sections of ``embodied bench``: latency, actions/s, success per sampler, throughput; and
+where a training step's time goes.
 
     embodied bench sections=[policy]                       # trains flow, diffusion and mlp first
     embodied bench sections=[policy] policy_checkpoints.flow=PATH policy_checkpoints.diffusion=PATH ...
+    embodied bench sections=[train_step]                   # the main job's step: data, forward, backward, ...
 
 For each family (flow at 1/4/10 Euler steps, diffusion at DDIM-10 and DDPM-100, and the
 MLP behaviour-cloning floor that reads a one-hot task id instead of the instruction):
@@ -101,3 +103,92 @@ def bench_policies(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
         log.info("flow-4 is %.1fx faster than DDPM-100 (success %.3f vs %.3f)", results["flow4_vs_ddpm100_speedup"],
                  s["flow-4"]["success_rate"], s["diffusion-ddpm-100"]["success_rate"])
     return results
+
+
+PHASES = ("data", "forward", "backward", "clip", "optimizer", "ema")
+
+
+def _step_times(policy: Any, batcher: Any, opt: Any, sched: Any, batch_size: int, steps: int,
+                autocast: Any = None) -> dict[str, float]:
+    """Mean seconds per phase of ``steps`` training steps (after 10 unmeasured ones)."""
+    import contextlib
+
+    import torch
+
+    params = list(policy.model.parameters())
+    total = dict.fromkeys(PHASES, 0.0)
+    for i in range(steps + 10):
+        t0 = time.perf_counter()
+        batch = batcher.sample(batch_size)
+        t1 = time.perf_counter()
+        with autocast() if autocast is not None else contextlib.nullcontext():
+            loss, _ = policy.compute_loss(batch)
+        t2 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t3 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        t4 = time.perf_counter()
+        opt.step()
+        sched.step()
+        t5 = time.perf_counter()
+        policy.ema_update()
+        t6 = time.perf_counter()
+        if i >= 10:
+            for k, a, b in zip(PHASES, (t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6)):
+                total[k] += b - a
+    return {k: v / steps for k, v in total.items()}
+
+
+def bench_train_step(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
+    """Where the main job's training step spends its time, on the suite's dataset and recipe policy.
+
+    The share of each phase (drawing the batch, forward, backward, gradient clipping, the optimiser,
+    the weight average) at this process's torch threads; then the whole step on one thread and
+    under bf16 autocast, each as a ratio to the first (measured in this process, one after another).
+    """
+    import torch
+
+    from embodied.core.registry import make_env
+    from embodied.runtime.checkpoints import env_kwargs
+    from embodied.runtime.train import Batcher, TrainConfig, _ensure_dataset
+    from policies import make_config, make_policy
+
+    tc = TrainConfig(suite=cfg.suite, tasks=list(cfg.tasks), demos=cfg.policy_demos, dataset=cfg.policy_dataset,
+                     seed=cfg.seed, progress=False)
+    ds = _ensure_dataset(tc, tasks)
+    probe = make_env(tasks[0], **env_kwargs("state", 64, []))
+    obs_spec, action_spec = probe.unwrapped.observation_spec, probe.unwrapped.action_spec
+    probe.close()
+    torch.manual_seed(cfg.seed)
+    pcfg = make_config("flow", {"name": "flow", "obs_mode": "state"})
+    policy = make_policy("flow", pcfg, obs_spec, action_spec, ds.stats, task_names=tasks, device="cpu")
+    opt, batcher = policy.make_optimizer(), Batcher(ds, tasks, policy.n_obs_steps, policy.horizon, False, cfg.seed)
+    sched = policy.make_scheduler(opt, tc.steps)
+    policy.prepare_instructions(batcher.all_instructions())
+    policy.train()
+    threads, n, bs = torch.get_num_threads(), cfg.train_step_steps, tc.batch_size
+    try:
+        phases = _step_times(policy, batcher, opt, sched, bs, n)
+        step = sum(phases.values())
+        torch.set_num_threads(1)
+        one = sum(_step_times(policy, batcher, opt, sched, bs, n).values())
+        torch.set_num_threads(threads)
+        bf16 = None
+        if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            bf16 = sum(_step_times(policy, batcher, opt, sched, bs, n,
+                                   lambda: torch.autocast("cpu", dtype=torch.bfloat16)).values())
+    finally:
+        torch.set_num_threads(threads)
+        batcher.close()
+    res = {"threads": threads, "batch_size": bs, "steps_timed": n, "step_ms": 1000 * step,
+           "samples_per_s": bs / step, "phase_ms": {k: 1000 * v for k, v in phases.items()},
+           "phase_share": {k: v / step for k, v in phases.items()},
+           "one_thread_step_ms": 1000 * one, "threads_speedup": one / step,
+           "bf16_step_ms": None if bf16 is None else 1000 * bf16, "bf16_speedup": None if bf16 is None else step / bf16,
+           "main_job_steps": tc.steps, "main_job_training_s_at_this_rate": tc.steps * step}
+    log.info("train step (flow, batch %d, %d threads): %.2f ms, %.0f samples/s; %s", bs, threads, 1000 * step,
+             bs / step, ", ".join(f"{k} {100 * v:.0f}%" for k, v in res["phase_share"].items()))
+    log.info("one thread: %.2f ms (x%.2f from %d threads); bf16 autocast: %s", 1000 * one, one / step, threads,
+             "not supported by this CPU" if bf16 is None else f"{1000 * bf16:.2f} ms (x{step / bf16:.2f})")
+    return res

@@ -40,7 +40,7 @@ from embodied.runtime.evaluate import write_json
 
 log = logging.getLogger("embodied.bench")
 
-SECTIONS = ("sim", "render", "experts", "policy")
+SECTIONS = ("sim", "render", "experts", "policy", "train_step")
 # The render baseline (MuJoCo's default visuals) can be an order of magnitude slower on a
 # CPU, so it renders one frame for every this many of the env's.
 DEFAULT_RENDER_SHARE = 10
@@ -56,7 +56,7 @@ class BenchConfig:
         sim_steps: control steps timed per task in ``sim`` (each baseline replays as many).
         render_sizes: square frame sides (pixels) of ``render``.
         render_frames: frames timed per size.
-        sections: any of ``sim``, ``render``, ``experts``, ``policy``.
+        sections: any of ``sim``, ``render``, ``experts``, ``policy``, ``train_step``.
         seed: first episode seed; episodes use ``seed``, ``seed + 1``, ...
         expert_episodes: episodes per task in ``experts``.
         expert_steps: step limit of an expert episode (0: the task's ``max_episode_steps``).
@@ -78,6 +78,7 @@ class BenchConfig:
     policy_demos: int = 100
     policy_train_steps: int = 4000
     policy_eval_episodes: int = 20
+    train_step_steps: int = 200  # train_step section: steps timed per setting (policy_dataset / policy_demos give the data)
 
     def __post_init__(self) -> None:
         bad = [s for s in self.sections if s not in SECTIONS]
@@ -91,6 +92,8 @@ class BenchConfig:
         if sizes or not self.render_sizes:
             raise ValueError(f"render_sizes must be a non-empty list of sides in [8, 512] pixels, got "
                              f"{self.render_sizes}")
+        if self.train_step_steps < 1:
+            raise ValueError(f"train_step_steps must be >= 1, got {self.train_step_steps}")
         if self.expert_episodes < 1 or self.expert_steps < 0:
             raise ValueError(f"expert_episodes must be >= 1 and expert_steps >= 0 (0: the task's limit), got "
                              f"{self.expert_episodes} and {self.expert_steps}")
@@ -314,6 +317,10 @@ def bench(cfg: BenchConfig, out: Path) -> dict[str, Any]:
         from embodied.runtime.policy_bench import bench_policies
 
         metrics["policy"] = bench_policies(cfg, tasks, out)
+    if "train_step" in cfg.sections:
+        from embodied.runtime.policy_bench import bench_train_step
+
+        metrics["train_step"] = bench_train_step(cfg, tasks, out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "metrics.json", metrics)
     return metrics
