@@ -414,3 +414,21 @@ def test_play_reads_the_instruction_from_a_file(tmp_path):
     words.write_text("one\ntwo\n")
     r = cli("play", f"instruction_file={words}", f"hydra.run.dir={tmp_path}/two", cwd=tmp_path)
     assert r.returncode == 2 and "holds 2 lines" in r.stderr
+
+
+def test_train_precision_is_fp32_or_bf16_and_bf16_needs_the_cpu_for_it():
+    import torch
+
+    from embodied.runtime.train import TrainConfig, _autocast
+
+    with pytest.raises(ValueError, match=r"precision must be one of \('fp32', 'bf16'\), got 'fp16'"):
+        TrainConfig(precision="fp16")
+    a, b = torch.ones(4, 4), torch.ones(4, 4)
+    with _autocast("fp32", torch.device("cpu"))():
+        assert (a @ b).dtype == torch.float32
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        with _autocast("bf16", torch.device("cpu"))():
+            assert (a @ b).dtype == torch.bfloat16
+    else:
+        with pytest.raises(ValueError, match="no bf16 instructions"):
+            _autocast("bf16", torch.device("cpu"))

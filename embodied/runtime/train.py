@@ -77,6 +77,7 @@ log = logging.getLogger("embodied.train")
 RESUMABLE = frozenset({"steps", "eval_every", "eval_episodes_periodic", "eval_episodes", "eval_seed", "save_every",
                        "snapshot_every", "num_envs", "workers", "videos", "device", "threads", "progress",
                        "on_corrupt", "restart", "stream", "stream_memory_gb", "ddp_backend"})
+PRECISIONS = ("fp32", "bf16")
 RUN_RECORD = "train_run.json"  # in checkpoint/: the settings that define the run, its data and its step
 DERIVED_POLICY_FIELDS = ("aux_state_dim",)  # set by train from the dataset, not by the user
 
@@ -132,6 +133,9 @@ class TrainConfig:
     stream_memory_gb: float = DEFAULT_MEMORY_GB
     # start over in this run folder: the run already there is moved aside (to RUN.old-<k>), not deleted
     restart: bool = False
+    # the forward pass's arithmetic: fp32, or bf16 (torch.autocast: matmuls in bfloat16, weights and optimiser in
+    # fp32; on a CPU it needs bf16 instructions, AVX512-BF16 or AMX)
+    precision: str = "fp32"
     # under torchrun (embodied.runtime.ddp): the process group's backend, auto (nccl on GPUs, else gloo), gloo or
     # nccl; batch_size is the global batch, split evenly over the processes
     ddp_backend: str = "auto"
@@ -156,6 +160,8 @@ class TrainConfig:
         check_image_args(self.obs_mode, self.image_size, self.cameras)
         if self.on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be one of {ON_CORRUPT}, got {self.on_corrupt!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         self.stream = stream_mode(self.stream)
         self.stream_memory_gb = check_memory_gb(self.stream_memory_gb)
         if self.stream != "auto" and self.stream_memory_gb != DEFAULT_MEMORY_GB:
@@ -505,6 +511,17 @@ def _with_aux_state(pcfg: Any, ds: Any) -> Any:
     return dataclasses.replace(pcfg, aux_state_dim=int(ds.features["privileged_state"]["shape"][0]))
 
 
+def _autocast(precision: str, device: Any) -> Any:
+    """A context factory for the forward pass at ``precision`` on ``device``."""
+    import torch
+
+    if precision == "fp32":
+        return contextlib.nullcontext
+    if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ValueError("precision=bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX); use precision=fp32")
+    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+
 @contextlib.contextmanager
 def _held_interrupts(reraise: bool = True) -> Iterator[None]:
     """Hold Ctrl-C until the block is done (then raise it, with ``reraise``), so that a step's
@@ -711,11 +728,13 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=f"train {name}",
                disable=not (cfg.progress and world.main))
     params = list(policy.model.parameters())
+    autocast = _autocast(cfg.precision, policy.device)
     done = start_step  # steps whose updates the weights hold: what every checkpoint and snapshot is labelled
     try:
         for step in bar:
             batch = ddp.shard(batcher.sample(cfg.batch_size), world)  # every rank samples the global batch
-            loss, logs = policy.compute_loss(batch)
+            with autocast():
+                loss, logs = policy.compute_loss(batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             logs = ddp.average_gradients(params, logs, world)
