@@ -19,3 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def pytest_report_header(config):
     return f"MUJOCO_GL={os.environ.get('MUJOCO_GL')}  EMBODIED_SLOW_BUDGET={os.environ.get('EMBODIED_SLOW_BUDGET', 'full')}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The end-to-end runs (``slow``) first: under xdist a long test that starts last keeps one worker busy
+    while the other has nothing left to take. The order within each group is kept."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -135,10 +135,14 @@ def test_robot_run_against_a_simulator_process(served, tmp_path):
         sim.wait(timeout=30)
     m = json.loads((tmp_path / "run/metrics.json").read_text())
     ep = m["episodes"][0]
-    assert ep["steps"] == 30 and ep["ended_by"] == "max_steps" and ep["events"]["chunks_used"] >= 10
+    # in realtime the actions applied depend on timing, so the episode may reach the goal before the step limit
+    if ep["ended_by"] == "max_steps":
+        assert ep["steps"] == 30 and ep["events"]["chunks_used"] >= 10, ep
+    else:
+        assert ep["ended_by"] == "done" and ep["success"] and ep["events"]["chunks_used"] >= ep["steps"] // 4, ep
     assert ep["timing"]["period_ms_p50"] == pytest.approx(50, abs=5)
     lines = (tmp_path / "run/steps.jsonl").read_text().splitlines()
-    assert len(lines) == 30 and "step_ms" in json.loads(lines[0])
+    assert len(lines) == ep["steps"] and "step_ms" in json.loads(lines[0])
 
 
 def test_serve_batches_stops_by_itself_and_writes_its_metrics(tiny_checkpoint, tmp_path):
