@@ -493,7 +493,7 @@ def test_a_frozen_policy_gives_one_row_chunks_bitwise_the_eager_ones(variant):
     rows = [({k: v[i: i + 1] for k, v in obs_batch(3, seed=7).items()}, noise(3, seed=7)[i: i + 1]) for i in range(3)]
     eager = [policy.predict_chunk(b, z) for b, z in rows]
     assert policy.freeze_for_inference() == (family == "flow")
-    for _ in range(2):  # traced on the first call, cached after
+    for _ in range(4):  # traced on the first call, then run by TorchScript's executor (which profiles, then optimises)
         for (b, z), want in zip(rows, eager):
             assert np.array_equal(policy.predict_chunk(b, z), want), variant
     batch, z = obs_batch(3, seed=7), noise(3, seed=7)
