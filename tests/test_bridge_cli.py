@@ -209,3 +209,39 @@ def test_bad_command_arguments_name_the_problem(tmp_path):
     r = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "fly"], cwd=tmp_path, env=ENV,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown sub-command 'fly'" in r.stderr
+
+
+def test_serve_runtime_onnxruntime_gives_the_torch_chunks_to_1e5_and_is_refused_where_it_cannot_run(tiny_checkpoint,
+                                                                                                     tmp_path):
+    """``embodied serve runtime=onnxruntime``: a lone robot's chunk from ONNX Runtime, equal to the default
+    (torchscript, bitwise eval's) within 1e-5; a bad name and a policy it cannot run are clear errors."""
+    import torch
+
+    from embodied.runtime.serve import ServeConfig, load_served
+    from policies import make_policy, save_policy
+
+    threads = torch.get_num_threads()
+    try:
+        default, meta = load_served(str(tiny_checkpoint), "cpu")
+        onnx, _ = load_served(str(tiny_checkpoint), "cpu", runtime="onnxruntime")
+        assert onnx.policy.unwrapped._frozen.runtime == "onnxruntime"
+        rng = np.random.default_rng(0)
+        for i in range(5):
+            batch = {"state": rng.normal(size=(1, meta["n_obs_steps"], meta["state_dim"])).astype(np.float32),
+                     "instruction": ["reach the red target", "press the button"][i % 2:][:1]}
+            a, b = default.predict_chunk(batch), onnx.predict_chunk(batch)
+            assert a.shape == b.shape and np.abs(a - b).max() < 1e-5
+        assert type(onnx.policy.unwrapped._frozen.graphs[next(iter(onnx.policy.unwrapped._frozen.graphs))]).__name__ \
+            == "_OnnxChunk"
+        with pytest.raises(ValueError, match=r"runtime must be one of \('torchscript', 'onnxruntime'\), got 'tvm'"):
+            ServeConfig(checkpoint=str(tiny_checkpoint), runtime="tvm")
+        from embodied.core.registry import make_env
+
+        u = make_env("reach").unwrapped  # a diffusion policy: its sampler is not a fixed loop to export
+        save_policy(make_policy("diffusion", {"horizon": 4, "n_action_steps": 2, "hidden": 32, "n_layers": 1,
+                                              "num_inference_steps": 2}, u.observation_spec, u.action_spec, None,
+                                ["reach"], device="cpu"), tmp_path / "diffusion")
+        with pytest.raises(ValueError, match="runtime=onnxruntime runs flow policies with state observations"):
+            load_served(str(tmp_path / "diffusion"), "cpu", runtime="onnxruntime")
+    finally:
+        torch.set_num_threads(threads)

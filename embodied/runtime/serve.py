@@ -5,6 +5,7 @@
     embodied serve checkpoint=... duration_s=60                     # stop by itself (smoke tests)
     embodied serve checkpoint=... max_batch=16 max_wait_ms=5         # many robots, one forward pass
     embodied serve checkpoint=... max_batch=1                        # one request at a time (openpi's way)
+    embodied serve checkpoint=... runtime=onnxruntime                # a lone robot's chunk in ONNX Runtime
 
 The server (``embodied.bridge.server.PolicyServer``) sends the metadata frame on connect
 and answers each observation with ``actions`` (H, Da) and ``server_timing``. Concurrent
@@ -50,6 +51,9 @@ class ServeConfig:
     #                             connection's own generator (seeded with the checkpoint's seed)
     max_batch: int = 8  # most observation rows in one forward pass; 1: one request at a time (openpi's way)
     max_wait_ms: float = 2.0  # how long the oldest request waits for others to join its pass (CPU: ~1/5 of a pass)
+    # what runs a lone robot's chunk (flow policies, state observations, CPU): torchscript (a frozen graph, bitwise
+    # what `embodied eval` computes) or onnxruntime (the same graph in ONNX Runtime: faster, equal to ~1e-6)
+    runtime: str = "torchscript"
     duration_s: float = 0.0  # > 0: stop after this long; 0: serve until Ctrl-C
     key_map: dict[str, str] = field(default_factory=dict)  # a client's keys -> ours, e.g. {prompt: instruction}
 
@@ -65,14 +69,20 @@ class ServeConfig:
         from embodied.bridge.batching import check_batching
 
         check_batching(self.max_batch, self.max_wait_ms)
+        from policies.common.base import FROZEN_RUNTIMES
+
+        if self.runtime not in FROZEN_RUNTIMES:
+            raise ValueError(f"runtime must be one of {FROZEN_RUNTIMES}, got {self.runtime!r}")
         if self.api_key_env and self.api_key_env not in os.environ:
             raise ValueError(f"api_key_env={self.api_key_env!r}: no such environment variable")
 
 
 def load_served(checkpoint: str, device: str = "auto", num_inference_steps: int = 0,
-                ground_instructions: bool | None = None) -> tuple[Any, dict[str, Any]]:
+                ground_instructions: bool | None = None, runtime: str = "torchscript") -> tuple[Any, dict[str, Any]]:
     """(the policy as served, its metadata frame), warmed up: ``RowwisePolicy`` over the checkpoint's
-    policy, so each request's rows are computed as if alone, batched with others or not."""
+    policy, so each request's rows are computed as if alone, batched with others or not. ``runtime``
+    runs one-row chunks (``TorchPolicy.freeze_for_inference``); ``onnxruntime`` is refused for a
+    policy it cannot run."""
     from embodied.bridge.server import policy_metadata
     from embodied.runtime.checkpoints import load_for_eval
     from embodied.runtime.evaluate import RowwisePolicy
@@ -81,6 +91,11 @@ def load_served(checkpoint: str, device: str = "auto", num_inference_steps: int 
 
     torch.set_num_threads(1)  # rows run on one thread (RowwisePolicy): switching per request costs more than it saves
     policy = load_for_eval(checkpoint, device, num_inference_steps, ground_instructions)
+    if runtime != "torchscript":
+        freeze = getattr(policy.unwrapped, "freeze_for_inference", None)
+        if freeze is None or not freeze(runtime):
+            raise ValueError(f"runtime={runtime} runs flow policies with state observations on a CPU; {checkpoint} "
+                             "is not one (runtime=torchscript serves it)")
     served = RowwisePolicy(policy)
     meta = policy_metadata(policy, checkpoint=checkpoint,
                            text_encoder=str(getattr(policy.unwrapped.config, "text_encoder", "")))
@@ -95,7 +110,8 @@ def load_served(checkpoint: str, device: str = "auto", num_inference_steps: int 
 def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
     from embodied.bridge.server import PolicyServer
 
-    served, meta = load_served(cfg.checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions)
+    served, meta = load_served(cfg.checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions,
+                               cfg.runtime)
     api_key = os.environ[cfg.api_key_env] if cfg.api_key_env else cfg.api_key
     server = PolicyServer(served, cfg.host, cfg.port, metadata=meta, api_key=api_key or None,
                           max_message_bytes=int(cfg.max_message_mb * 2**20), key_map=cfg.key_map,
