@@ -1156,7 +1156,10 @@ def test_reward_commands_smoke(tmp_path, fitted):
     embodied_cli("reward", "bench", "task=reach", f"reward.checkpoint={run / 'reward'}", "frames=64", "steps=4",
                  "num_envs=2", "rounds=1", f"hydra.run.dir={bench}", cwd=tmp_path)
     m = json.loads((bench / "metrics.json").read_text())
-    assert m["score_frames_per_s"] > 0 and 0 < m["end_to_end_fraction"] <= 1.5
+    # a smoke run of 4 steps times nothing reliably (and a second test worker shares the cores): check that
+    # the figures are there and consistent, not their size (the bench command itself reports that)
+    assert m["score_frames_per_s"] > 0 and m["step_render_frames_per_s"] > 0
+    assert m["end_to_end_fraction"] == pytest.approx(m["step_render_reward_frames_per_s"] / m["step_render_frames_per_s"])
 
 
 def test_navigation_reward_fit_recipe_plays_a_large_bank(tmp_path):
