@@ -136,8 +136,9 @@ def test_robot_run_against_a_simulator_process(served, tmp_path):
     m = json.loads((tmp_path / "run/metrics.json").read_text())
     ep = m["episodes"][0]
     # in realtime the actions applied depend on timing, so the episode may reach the goal before the step limit
-    if ep["ended_by"] == "max_steps":
-        assert ep["steps"] == 30 and ep["events"]["chunks_used"] >= 10, ep
+    if ep["ended_by"] == "max_steps":  # a tick whose observation the robot link missed is held, not stepped
+        missed = ep["events"].get("robot_comm_errors", 0)
+        assert ep["steps"] + missed == 30 and missed <= 2 and ep["events"]["chunks_used"] >= 10, ep
     else:
         assert ep["ended_by"] == "done" and ep["success"] and ep["events"]["chunks_used"] >= ep["steps"] // 4, ep
     assert ep["timing"]["period_ms_p50"] == pytest.approx(50, abs=5)

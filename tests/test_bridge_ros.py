@@ -131,7 +131,9 @@ def test_rosbridge_robot_drives_a_roslibpy_node(relay):
     finally:
         node.terminate()
         out, err = node.communicate(timeout=30)
-    assert report.steps == 30 and report.hold_steps == 0, (report.to_dict(20), err[-2000:])
+    # a tick whose observation the link missed (a loaded machine) is held, not stepped: every tick is accounted for
+    missed = report.events["robot_comm_errors"]
+    assert report.steps + missed == 30 and missed <= 2 and report.hold_steps == 0, (report.to_dict(20), err[-2000:])
     received = [json.loads(line) for line in out.splitlines() if line.startswith("[")]
     assert len(received) >= 25, err[-2000:]
     # the node (roslibpy) got our commands: offset + scale * action, the first one rate-limited from the
