@@ -124,6 +124,7 @@ def test_train_eval_play_resume(tmp_path):
     m = json.loads((run / "metrics.json").read_text())
     for key in ("success_rate", "heldout_paraphrase_success_rate", "per_task", "wall_time_s", "success_curve"):
         assert key in m
+    assert m["train_threads"] >= 1 and m["precision"] == "fp32"  # what the figures depend on, recorded
     assert set(m["per_task"]) == {"reach", "press-button"} and "workers" not in m  # 8 episodes: this process
     for f in ("checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/grounding.npz", "report.md",
               "training_curve.png", "success.png"):

@@ -656,6 +656,7 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         log.info("%s finished at step %d: nothing to train (steps > %d continues it)", out, start_step, start_step)
         return json.loads((out / "metrics.json").read_text()) if world.main else None
     torch.set_num_threads(cfg.threads or max(1, default_threads() // world.local_size))
+    train_threads = torch.get_num_threads()  # recorded: results change (in the last bits, then more) with it
     torch.manual_seed(cfg.seed)
     name = cfg.policy["name"]
     pcfg = make_config(name, {**cfg.policy, "obs_mode": cfg.obs_mode})  # validates before any work
@@ -696,7 +697,8 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
     n_params = sum(p.numel() for p in policy.model.parameters())
-    log.info("%s policy, %.2fM parameters, device %s", name, n_params / 1e6, policy.device)
+    log.info("%s policy, %.2fM parameters, device %s, %d torch threads%s", name, n_params / 1e6, policy.device,
+             train_threads, "" if cfg.threads else " (threads=0: OMP_NUM_THREADS, else the free cores)")
 
     batcher = Batcher(ds, tasks, policy.n_obs_steps, policy.horizon, cfg.obs_mode == "pixels", cfg.seed + start_step,
                       privileged=policy.config.aux_state_dim > 0 and "privileged_state" in ds.features,
@@ -805,8 +807,8 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         "checkpoint": str(ckpt), "videos": videos, "success_curve": curve,
         "final_loss": losses[-1][1] if losses else None, "parameters": n_params,
         "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,
-        "streamed": batcher.streamed, "train_peak_rss_mb": train_peak_rss_mb,
-        "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
+        "streamed": batcher.streamed, "train_peak_rss_mb": train_peak_rss_mb, "train_threads": train_threads,
+        "precision": cfg.precision, "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
     })
     write_json(out / "metrics.json", metrics)
     write_report(out, metrics, f"{name} policy on {cfg.suite} ({cfg.obs_mode})", videos)
