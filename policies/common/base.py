@@ -473,16 +473,12 @@ class _OnnxChunk:
     def __init__(self, graph: _ChunkGraph, example: tuple[torch.Tensor, ...]) -> None:
         import io
 
-        import onnxruntime as ort
+        from embodied.nn.onnx import cpu_session
 
         buffer = io.BytesIO()
         torch.onnx.export(graph, example, buffer, input_names=["state", "text", "noise"], output_names=["chunk"],
                           dynamo=False, opset_version=17)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3  # errors only
-        self.session = ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(buffer.getvalue(), threads=1)
 
     def __call__(self, state: torch.Tensor, text: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         feed = {"state": state.numpy(), "text": text.numpy(), "noise": noise.numpy()}

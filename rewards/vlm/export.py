@@ -116,7 +116,9 @@ class OnnxTower:
     runtime = "onnxruntime"
 
     def __init__(self, module: torch.nn.Module, size: int, name: str):
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401  (missing: fail before the export)
+
+        from embodied.nn.onnx import cpu_session
 
         self.name = name
         buffer = io.BytesIO()
@@ -129,12 +131,7 @@ class OnnxTower:
                               dynamo=False, opset_version=17)
         finally:
             torch.backends.mha.set_fastpath_enabled(fastpath)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3  # errors only
-        self.session = ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(buffer.getvalue(), torch.get_num_threads())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         image = x.detach().permute(0, 2, 3, 1).contiguous().float().numpy()
