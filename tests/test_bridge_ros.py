@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -144,6 +145,10 @@ def test_rosbridge_robot_drives_a_roslibpy_node(relay):
     assert np.allclose(final, 0.1 + 2.0 * TARGET, atol=0.02)
     assert np.allclose(hold, (final - 0.1) / 2.0, atol=1e-6)
     assert np.allclose(received[-1], 0.1 + 2.0 * hold, atol=0.02)
+    # the robot's goodbyes reach the relay's thread after disconnect() returns: give a loaded machine a moment
+    deadline = time.monotonic() + 10
+    while not {"unsubscribe", "unadvertise"} <= {o["op"] for o in relay.ops} and time.monotonic() < deadline:
+        time.sleep(0.05)
     ops = {o["op"] for o in relay.ops}
     assert {"subscribe", "advertise", "publish", "unsubscribe", "unadvertise"} <= ops
 

@@ -109,6 +109,7 @@ def load_served(checkpoint: str, device: str = "auto", num_inference_steps: int 
 
 def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
     from embodied.bridge.server import PolicyServer
+    from embodied.core.files import write_json
 
     served, meta = load_served(cfg.checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions,
                                cfg.runtime)
@@ -117,7 +118,8 @@ def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
                           max_message_bytes=int(cfg.max_message_mb * 2**20), key_map=cfg.key_map,
                           max_batch=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
                           noise_seed=None if cfg.rowwise_noise else int(meta["seed"]))
-    (out / "server.json").write_text(json.dumps({"url": server.url, "pid": os.getpid(), "metadata": server.metadata}))
+    # whole or absent (written aside, then renamed): a client polls for it while the server starts
+    write_json(out / "server.json", {"url": server.url, "pid": os.getpid(), "metadata": server.metadata})
     print(f"serving {cfg.checkpoint} on {server.url}", flush=True)
     log.info("serving %s on %s (H=%d, Ta=%d, To=%d; max_batch %d, max_wait_ms %g)%s", cfg.checkpoint, server.url,
              meta["horizon"], meta["n_action_steps"], meta["n_obs_steps"], cfg.max_batch, cfg.max_wait_ms,
@@ -133,7 +135,7 @@ def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
         server.stop()
     metrics = {"url": server.url, "checkpoint": cfg.checkpoint, **server.stats, "batching": server.batch_stats,
                "max_batch": cfg.max_batch, "max_wait_ms": cfg.max_wait_ms, "wall_time_s": time.monotonic() - t0}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_json(out / "metrics.json", metrics)
     return metrics
 
 
