@@ -1011,6 +1011,88 @@ def test_supersample_fit_round_trips_and_banks_keep_apart(tmp_path):
         bank_for(["reach"], bank, 64, "side", str(tmp_path / "bank"), "", False, 1)
 
 
+def test_disk_frames_index_like_the_array_and_an_interrupted_write_leaves_no_file(tmp_path):
+    from rewards.vlm.bank import DiskFrames, FrameWriter
+
+    rng = np.random.default_rng(0)
+    want = rng.integers(0, 256, (23, 8, 8, 3), dtype=np.uint8)
+    w = FrameWriter(tmp_path / "f.npy", 8)
+    for a, b in ((0, 5), (5, 6), (6, 23)):
+        w.append(want[a:b])
+    frames = w.close()
+    assert np.array_equal(np.load(tmp_path / "f.npy"), want)  # numpy reads the file as the array it is
+    assert frames.shape == want.shape and len(frames) == 23 and frames.dtype == np.uint8 and frames.ndim == 4
+    mask = rng.random(23) < 0.5
+    for key in (3, -1, slice(None), slice(2, 20, 3), slice(5, 2), np.array([7, 7, 0, 22, 3, 4, 5, -2]),
+                np.array([[1, 2], [9, 8]]), mask, np.array([], int)):
+        assert np.array_equal(frames[key], want[key]), key
+    assert np.array_equal(np.asarray(frames), want)
+    for bad in (23, np.array([0, 23]), np.array([-24])):
+        with pytest.raises(IndexError, match="out of range|must lie in"):
+            frames[bad]
+    with pytest.raises(IndexError, match="boolean mask"):
+        frames[np.ones(3, bool)]
+    with pytest.raises(ValueError, match="uint8 \\(n, 8, 8, 3\\)"):
+        FrameWriter(tmp_path / "g.npy", 8).append(want[:, :4])
+    with open(tmp_path / "f.npy", "r+b") as f:  # a file cut short is refused, not read as zeros
+        f.truncate(200)
+    with pytest.raises(ValueError, match="truncated"):
+        DiskFrames(tmp_path / "f.npy")
+    # a collection interrupted part-way deletes its partial frames file
+    from rewards.vlm import bank as bank_mod
+
+    calls = []
+
+    def boom(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    real = bank_mod.play_bank_episode
+    bank_mod.play_bank_episode = boom
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bank_mod.collect_bank(["reach"], bank_mod.BankConfig(seeds=2, behaviours=["expert", "random"]), 16,
+                                  progress=False, frames_file=tmp_path / "partial" / "frames.npy")
+    finally:
+        bank_mod.play_bank_episode = real
+    assert not (tmp_path / "partial" / "frames.npy").exists()
+
+
+def test_streamed_frames_fit_the_same_reward_as_frames_in_memory(tmp_path):
+    """stream_frames reads each batch from disk: same bank, same batches, the same weights bitwise;
+    the scratch file is gone afterwards, and a saved bank keeps its frames file and streams from it."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    from embodied.runtime.reward import run_fit
+    from rewards.vlm.bank import BankConfig, DiskFrames, RolloutBank
+    from rewards.vlm.fit import FitSettings
+    from rewards.vlm.fit_reward import RewardFitConfig
+
+    bank = BankConfig(seeds=2, behaviours=["expert", "random"], frame_stride=3)
+    fit = FitSettings(steps=3, batch_size=8)
+    common = dict(suite="manipulation", tasks=["reach", "push"], bank=bank, fit=fit, reference_frames=16,
+                  progress=False)
+    run_fit(RewardFitConfig(**common, stream_frames=False), tmp_path / "mem")
+    run_fit(RewardFitConfig(**common), tmp_path / "disk")
+    assert not [p for p in (tmp_path / "disk").iterdir() if p.name.startswith(".bank-frames")]
+    a, b = (load_file(tmp_path / r / "reward" / "model.safetensors") for r in ("mem", "disk"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    ma, mb = (json.loads((tmp_path / r / "metrics.json").read_text()) for r in ("mem", "disk"))
+    assert ma["final_loss"] == mb["final_loss"] and ma["frames"] == mb["frames"] > 0
+    # a saved bank: played straight into save_bank/frames.npy, then read from there by a second fit
+    run_fit(RewardFitConfig(**common, save_bank=str(tmp_path / "bank")), tmp_path / "save")
+    loaded = RolloutBank.load(tmp_path / "bank", stream=True)
+    assert isinstance(loaded.frames, DiskFrames) and len(loaded.frames) == ma["frames"]
+    assert np.array_equal(np.asarray(loaded.frames), RolloutBank.load(tmp_path / "bank").frames)
+    run_fit(RewardFitConfig(**common, bank_path=str(tmp_path / "bank")), tmp_path / "reuse")
+    c = load_file(tmp_path / "reuse" / "reward" / "model.safetensors")
+    assert all(np.array_equal(a[k], c[k]) for k in a)
+
+
 def test_reward_is_a_z_score_per_instruction_against_its_reference_frames(tiny_reward):
     ref_frames = np.concatenate([frames_of(t, n=6, seed=s)[0] for s, t in enumerate(("pick", "push", "reach"))])
     ref = tiny_reward.embed_images(ref_frames)

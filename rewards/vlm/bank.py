@@ -8,12 +8,19 @@ the reward's frame side), the privileged state and the ground truth: success and
 dense reward. Banks feed both fitting (training seeds, training wordings;
 ``rewards.vlm.fit_reward``) and evaluation (held-out seeds, held-out wordings;
 ``rewards.vlm.evaluate``); any ``RewardModel`` can be evaluated on one.
+
+A bank's frames are the bulk of it (a 64 px frame is 12 KB; navigation's default fitting bank
+holds 361,720 of them). ``collect_bank`` can write them to a ``.npy`` file as it plays
+(``frames_file``) and hand back a ``DiskFrames`` that reads the rows a batch asks for, so that
+a fit's memory does not grow with its bank.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,6 +71,132 @@ def seed_range(cfg: BankConfig, n_tasks: int) -> tuple[int, int]:
     return cfg.seed, cfg.seed + cfg.seeds * n_tasks
 
 
+_NPY_MAGIC = b"\x93NUMPY\x01\x00"
+_NPY_HEADER = 128  # bytes before the data: magic, version, header length and the padded header dict
+
+
+def _npy_header(shape: tuple[int, ...]) -> bytes:
+    """A version 1.0 ``.npy`` header of a C-order uint8 array of ``shape``, always ``_NPY_HEADER`` bytes
+    long, so that a file's header can be rewritten in place once its row count is known."""
+    text = "{'descr': '|u1', 'fortran_order': False, 'shape': %r, }" % (tuple(int(d) for d in shape),)
+    body = text.ljust(_NPY_HEADER - len(_NPY_MAGIC) - 2 - 1) + "\n"
+    return _NPY_MAGIC + len(body).to_bytes(2, "little") + body.encode("latin1")
+
+
+class DiskFrames:
+    """Read-only uint8 frames (N, S, S, 3) in a ``.npy`` file, read row by row on demand.
+
+    Indexing with an int, a slice, or an integer or boolean array returns an in-memory array, as
+    indexing the loaded array would; only the rows asked for are read (``os.preadv``, so the file's
+    pages stay in the OS cache and out of this process's memory). ``np.asarray`` reads them all.
+    """
+
+    ndim = 4
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            self._offset = f.tell()
+        if dtype != np.uint8 or fortran or len(shape) != 4 or shape[-1] != 3:
+            raise ValueError(f"{self.path} must hold C-order uint8 frames (N, S, S, 3), got {dtype} {shape}"
+                             f"{' in Fortran order' if fortran else ''}")
+        self.shape = tuple(int(d) for d in shape)
+        self._row = int(np.prod(self.shape[1:]))
+        need = self._offset + self.shape[0] * self._row
+        if self.path.stat().st_size < need:
+            raise ValueError(f"{self.path} is truncated: {self.path.stat().st_size} bytes, its header needs {need}")
+        self._fd = os.open(self.path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self._row
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        n = self.shape[0]
+        if isinstance(key, (int, np.integer)):
+            if not -n <= key < n:
+                raise IndexError(f"frame {key} is out of range for {n} frames")
+            return self._read(np.array([int(key) % n]))[0]
+        if isinstance(key, slice):
+            return self._read(np.arange(*key.indices(n)))
+        idx = np.asarray(key)
+        if idx.dtype == bool:
+            if idx.shape != (n,):
+                raise IndexError(f"a boolean mask of frames must have shape ({n},), got {idx.shape}")
+            idx = np.flatnonzero(idx)
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise IndexError(f"frames are indexed by ints, slices or int/bool arrays, got {idx.dtype}")
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"frame indices must lie in [-{n}, {n}), got [{idx.min()}, {idx.max()}]")
+        return self._read(idx.ravel() % n).reshape(idx.shape + self.shape[1:])
+
+    def _read(self, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` (flat, non-negative) in their order; each run of consecutive rows is one read."""
+        rows, inverse = np.unique(idx, return_inverse=True)
+        out = np.empty((len(rows),) + self.shape[1:], np.uint8)
+        flat = out.reshape(len(rows), self._row)
+        starts = np.flatnonzero(np.diff(rows, prepend=-2) != 1)
+        for a, b in zip(starts, list(starts[1:]) + [len(rows)]):
+            want = (b - a) * self._row
+            got = os.preadv(self._fd, [memoryview(flat[a:b]).cast("B")], self._offset + int(rows[a]) * self._row)
+            if got != want:
+                raise OSError(f"short read from {self.path}: {got} of {want} bytes at frame {rows[a]}")
+        return out if len(rows) == len(idx) and (len(idx) < 2 or np.all(np.diff(idx) > 0)) else out[inverse]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self[:]
+        return a if dtype is None else a.astype(dtype)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"DiskFrames({str(self.path)!r}, shape={self.shape})"
+
+
+class FrameWriter:
+    """Appends uint8 frames (n, S, S, 3) to a ``.npy`` file; ``close`` writes the final row count into
+    its header and returns the file as ``DiskFrames``."""
+
+    def __init__(self, path: str | Path, size: int):
+        self.path, self.size, self.rows = Path(path), int(size), 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "wb")
+        self._f.write(_npy_header((0, self.size, self.size, 3)))
+
+    def append(self, frames: np.ndarray) -> None:
+        if frames.dtype != np.uint8 or frames.shape[1:] != (self.size, self.size, 3):
+            raise ValueError(f"frames must be uint8 (n, {self.size}, {self.size}, 3), got {frames.dtype} {frames.shape}")
+        self._f.write(np.ascontiguousarray(frames).tobytes())
+        self.rows += len(frames)
+
+    def close(self) -> DiskFrames:
+        self._f.seek(0)
+        self._f.write(_npy_header((self.rows, self.size, self.size, 3)))
+        self._f.close()
+        return DiskFrames(self.path)
+
+    def abort(self) -> None:
+        """Close and delete a partly written file (an interrupted collection)."""
+        self._f.close()
+        self.path.unlink(missing_ok=True)
+
+
 @dataclass
 class RolloutBank:
     """Frames and ground truth of many episodes; rows are kept frames (N,), one per step.
@@ -76,7 +209,7 @@ class RolloutBank:
     success, length, gt_return over all its steps).
     """
 
-    frames: np.ndarray
+    frames: np.ndarray | DiskFrames
     states: np.ndarray
     episode: np.ndarray
     step: np.ndarray
@@ -91,19 +224,33 @@ class RolloutBank:
         return np.flatnonzero(np.isin(self.episode, ids))
 
     def save(self, folder: str | Path) -> Path:
+        """Write ``frames.npy``, ``bank.npz`` (the other arrays) and ``bank.json`` to ``folder``; frames
+        already on disk are copied file to file (not at all when they were written there)."""
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / "bank.npz", **{k: getattr(self, k) for k in BANK_ARRAYS})
+        target = out / "frames.npy"
+        if isinstance(self.frames, DiskFrames):
+            if self.frames.path.resolve() != target.resolve():
+                shutil.copyfile(self.frames.path, target)
+        else:
+            np.save(target, self.frames)
+        np.savez(out / "bank.npz", **{k: getattr(self, k) for k in BANK_ARRAYS if k != "frames"})
         write_json(out / "bank.json", {"episodes": self.episodes, "meta": self.meta})
         return out
 
     @classmethod
-    def load(cls, folder: str | Path) -> "RolloutBank":
+    def load(cls, folder: str | Path, stream: bool = False) -> "RolloutBank":
+        """A saved bank; ``stream``: read its frames from ``frames.npy`` on demand (``DiskFrames``)
+        instead of loading them (banks saved with the frames inside ``bank.npz`` always load them)."""
         root = Path(folder)
         if not (root / "bank.npz").is_file() or not (root / "bank.json").is_file():
             raise FileNotFoundError(f"rollout bank {str(folder)!r} must be a folder with bank.npz and bank.json "
                                     "(written with save_bank=PATH)")
-        arrays = np.load(root / "bank.npz")
+        arrays = dict(np.load(root / "bank.npz"))
+        if "frames" not in arrays:
+            if not (root / "frames.npy").is_file():
+                raise FileNotFoundError(f"rollout bank {str(folder)!r} has no frames.npy")
+            arrays["frames"] = DiskFrames(root / "frames.npy") if stream else np.load(root / "frames.npy")
         info = json.loads((root / "bank.json").read_text())
         return cls(**{k: arrays[k] for k in BANK_ARRAYS}, episodes=info["episodes"], meta=info["meta"])
 
@@ -164,10 +311,24 @@ def play_bank_episode(env: Any, seed: int, behaviour: str, expert_len: int, cfg:
 
 
 def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progress: bool = True,
-                 camera: str | None = None, supersample: int = 1) -> RolloutBank:
+                 camera: str | None = None, supersample: int = 1,
+                 frames_file: str | Path | None = None) -> RolloutBank:
     """Play ``cfg.seeds`` seeds of every task with every behaviour; see ``RolloutBank``.
     Frames are ``camera``'s observation images, or ``env.render()`` when it is None, drawn with
-    ``make_env``'s ``supersample``."""
+    ``make_env``'s ``supersample``. With ``frames_file`` they are written to that ``.npy`` file as
+    each episode ends and the bank reads them from it (``DiskFrames``); an interrupted
+    collection deletes the partial file."""
+    writer = FrameWriter(frames_file, image_size) if frames_file is not None else None
+    try:
+        return _collect(tasks, cfg, image_size, progress, camera, supersample, writer)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+
+
+def _collect(tasks: Sequence[str], cfg: BankConfig, image_size: int, progress: bool, camera: str | None,
+             supersample: int, writer: FrameWriter | None) -> RolloutBank:
     from tqdm import tqdm
 
     arrays: dict[str, list[np.ndarray]] = {k: [] for k in BANK_ARRAYS}
@@ -186,7 +347,11 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
                                                                         True, camera)
                     rows = ep.pop("rows")
                     n = len(rows["step"])
-                    arrays["frames"].append(np.asarray(rows["frames"], np.uint8).reshape(n, image_size, image_size, 3))
+                    frames = np.asarray(rows["frames"], np.uint8).reshape(n, image_size, image_size, 3)
+                    if writer is not None:
+                        writer.append(frames)
+                    else:
+                        arrays["frames"].append(frames)
                     arrays["states"].append(np.asarray(rows["states"], np.float32).reshape(n, -1))
                     arrays["episode"].append(np.full(n, len(episodes), np.int64))
                     for key, dt in (("step", np.int64), ("success", bool), ("gt_reward", np.float32), ("post", bool)):
@@ -197,7 +362,8 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
         finally:
             env.close()
     bar.close()
-    cat = {k: np.concatenate(v) for k, v in arrays.items()}
+    cat = {k: np.concatenate(v) for k, v in arrays.items() if k != "frames" or writer is None}
+    cat["frames"] = writer.close() if writer is not None else cat["frames"]
     meta = {"tasks": list(tasks), "suites": sorted({get_task(t).suite for t in tasks}), "image_size": image_size,
             "camera": camera, "supersample": supersample, "bank": asdict(cfg), "wall_time_s": time.perf_counter() - t0}
     log.info("rollout bank: %d episodes, %d frames (%.0f s)", len(episodes), len(cat["step"]), meta["wall_time_s"])
@@ -205,10 +371,15 @@ def collect_bank(tasks: Sequence[str], cfg: BankConfig, image_size: int, progres
 
 
 def bank_for(tasks: Sequence[str], cfg: BankConfig, image_size: int, camera: str | None, path: str, save: str,
-             progress: bool, supersample: int = 1) -> RolloutBank:
-    """A saved bank (``path``) after checking it matches ``cfg``, else a freshly played one."""
+             progress: bool, supersample: int = 1, stream: bool = False,
+             scratch: str | Path | None = None) -> RolloutBank:
+    """A saved bank (``path``) after checking it matches ``cfg``, else a freshly played one.
+    ``stream``: keep the frames on disk (``DiskFrames``): a saved bank's where they lie, a played
+    one's written to ``save``'s ``frames.npy`` when saving, else to ``scratch/frames.npy``."""
+    if stream and not path and not save and scratch is None:
+        raise ValueError("stream=True plays the bank's frames into a file: give save or scratch (a folder)")
     if path:
-        bank = RolloutBank.load(path)
+        bank = RolloutBank.load(path, stream=stream)
         want = {"tasks": list(tasks), "image_size": image_size, "camera": camera, "supersample": supersample,
                 "bank": asdict(cfg)}
         have = {k: bank.meta.get(k, 1 if k == "supersample" else None) for k in want}  # (older banks: none)
@@ -216,7 +387,8 @@ def bank_for(tasks: Sequence[str], cfg: BankConfig, image_size: int, camera: str
             diff = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
             raise ValueError(f"rollout bank {path!r} was played with other settings (have, want): {diff}")
         return bank
-    bank = collect_bank(tasks, cfg, image_size, progress, camera, supersample)
+    frames_file = Path(save or scratch) / "frames.npy" if stream else None
+    bank = collect_bank(tasks, cfg, image_size, progress, camera, supersample, frames_file)
     if save:
         bank.save(save)
         log.info("saved the rollout bank to %s", save)

@@ -9,6 +9,8 @@ and its locked text side, a training bank (``rewards.vlm.bank``), its caption la
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,6 +85,10 @@ class RewardFitConfig:
     out: str = ""  # checkpoint folder (default: RUN/reward)
     bank_path: str = ""  # reuse a saved bank (must match `bank`)
     save_bank: str = ""  # save the bank here
+    # keep the bank's frames in a file while fitting (save_bank's frames.npy, else a scratch folder
+    # beside the checkpoint, deleted at the end) and read each batch's rows from it, so that memory
+    # does not grow with the bank; false holds them all in memory (the same frames, the same fit)
+    stream_frames: bool = True
     threads: int = 1  # torch threads
     progress: bool = True
 
@@ -126,6 +132,18 @@ def _required_hook(suite: str, name: str, what: str, pronoun: str) -> Callable[.
 def fit_reward(cfg: RewardFitConfig, folder: Path) -> dict[str, Any]:
     """Fit the in-domain reward on a training bank and save it to ``folder``; returns the
     fit's metrics (what ``embodied reward fit`` writes to metrics.json)."""
+    scratch = None
+    if cfg.stream_frames and not cfg.bank_path and not cfg.save_bank:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".bank-frames-", dir=folder.parent))
+    try:
+        return _fit_reward(cfg, folder, scratch)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _fit_reward(cfg: RewardFitConfig, folder: Path, scratch: Path | None) -> dict[str, Any]:
     import torch
 
     from rewards.vlm.fit import fit_image_tower
@@ -155,7 +173,7 @@ def fit_reward(cfg: RewardFitConfig, folder: Path) -> dict[str, Any]:
     size = image_size_of(model)
     pre = ImagePreprocess(size, OPENAI_MEAN, OPENAI_STD)
     bank = bank_for(tasks, cfg.bank, cfg.image_size, cfg.camera or None, cfg.bank_path, cfg.save_bank, cfg.progress,
-                    cfg.supersample)
+                    cfg.supersample, cfg.stream_frames, scratch)
     data = captions_from_bank(bank, {t: get_task(t).train_instructions for t in tasks}, cfg.label_progress, labeller)
     center = None
     if cfg.center_text:
