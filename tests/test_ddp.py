@@ -233,8 +233,10 @@ def test_torchrun_refuses_a_batch_that_does_not_split_and_writes_nothing(tmp_pat
               cwd=tmp_path, launcher=TORCHRUN)
     assert r.returncode != 0
     lines = [line for line in r.stderr.splitlines() if line.startswith("embodied train: error: ")]
-    assert len(lines) == 2 and "batch_size=7" in lines[0] and "the 2 processes" in lines[0], r.stderr[-3000:]
-    assert "batch_size=6 or 8" in lines[0] and "exitcode  : 2" in r.stderr  # each rank: a user error
+    # each rank refuses; torchrun stops the other rank once the first exits, so on a loaded machine one
+    # rank may be stopped before it prints
+    assert 1 <= len(lines) <= 2 and "batch_size=7" in lines[0] and "the 2 processes" in lines[0], r.stderr[-3000:]
+    assert "batch_size=6 or 8" in lines[0] and "exitcode  : 2" in r.stderr  # a user error, not a crash
     assert not (tmp_path / "run").exists() and not (tmp_path / "ds").exists()
 
 
