@@ -1072,6 +1072,11 @@ def test_streamed_frames_fit_the_same_reward_as_frames_in_memory(tmp_path):
     from rewards.vlm.fit import FitSettings
     from rewards.vlm.fit_reward import RewardFitConfig
 
+    from embodied.nn.minilm import load_minilm
+
+    # MiniLM loads once per process and its (overwritten) initialisation draws from torch's generator:
+    # both fits find it loaded
+    load_minilm()
     bank = BankConfig(seeds=2, behaviours=["expert", "random"], frame_stride=3)
     fit = FitSettings(steps=3, batch_size=8)
     common = dict(suite="manipulation", tasks=["reach", "push"], bank=bank, fit=fit, reference_frames=16,

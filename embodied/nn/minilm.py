@@ -130,11 +130,7 @@ class MiniLM:
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
 
-        # the random initialisation that load_state_dict overwrites draws from a forked generator: loading the
-        # model (once per process) leaves torch's global random stream where it was, so a seeded run that loads
-        # it repeats one that found it loaded
-        with torch.random.fork_rng(devices=[]):
-            self.bert = _bert(json.loads((path / "config.json").read_text()))
+        self.bert = _bert(json.loads((path / "config.json").read_text()))
         weights = {k: v for k, v in load_file(str(path / "model.safetensors")).items()
                    if not k.startswith("pooler.") and k != "embeddings.position_ids"}
         self.bert.load_state_dict(weights, strict=True)
