@@ -114,10 +114,6 @@ class DiskFrames:
     def __len__(self) -> int:
         return self.shape[0]
 
-    @property
-    def nbytes(self) -> int:
-        return self.shape[0] * self._row
-
     def __getitem__(self, key: Any) -> np.ndarray:
         n = self.shape[0]
         if isinstance(key, (int, np.integer)):
@@ -148,7 +144,7 @@ class DiskFrames:
             got = os.preadv(self._fd, [memoryview(flat[a:b]).cast("B")], self._offset + int(rows[a]) * self._row)
             if got != want:
                 raise OSError(f"short read from {self.path}: {got} of {want} bytes at frame {rows[a]}")
-        return out if len(rows) == len(idx) and (len(idx) < 2 or np.all(np.diff(idx) > 0)) else out[inverse]
+        return out if np.array_equal(rows, idx) else out[inverse]  # (no copy when idx is already sorted, unique)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self[:]
