@@ -283,11 +283,16 @@ class Batcher:
             idx, ks = self._draw(batch_size)
             batch = self.source.cut(idx, self.to, self.h)
         else:
-            idx, ks, batch = ahead[2], ahead[3], ahead[4].result()
+            # Ctrl-C waits until the hand-over is done: raised inside the executor's or the future's
+            # locks it would leave them held, and the reading thread (joined at exit) would hang
+            with _held_interrupts():
+                idx, ks, batch = ahead[2], ahead[3], ahead[4].result()
         if self._pool is not None:
-            state = self.rng.bit_generator.state
-            nidx, nks = self._draw(batch_size)
-            self._ahead = (batch_size, state, nidx, nks, self._pool.submit(self.source.cut, nidx, self.to, self.h))
+            with _held_interrupts():
+                state = self.rng.bit_generator.state
+                nidx, nks = self._draw(batch_size)
+                self._ahead = (batch_size, state, nidx, nks,
+                               self._pool.submit(self.source.cut, nidx, self.to, self.h))
         eps = idx[:, 0]
         batch["instruction"] = [self.instruction(int(e), k) for e, k in zip(eps, ks)]
         batch["task"] = [self.task_of[int(e)] for e in eps]
