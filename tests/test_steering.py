@@ -27,6 +27,7 @@ from policies.steering.noise import NoiseSpace, NotSteerableError, check_steerab
 from policies.steering.policy import STEERING_FILE, SteeredPolicy
 from policies.steering.progress import Progress
 from tiny import reach_checkpoint
+from cli_runner import run_cli
 
 DS, DA, TO, H, TA = 5, 3, 2, 8, 4
 TINY = dict(n_obs_steps=TO, horizon=H, n_action_steps=TA, state_hidden=32, obs_dim=16, text_dim=16, warmup_steps=0,
@@ -327,7 +328,11 @@ def test_expert_transitions_fill_the_action_critic_replay():
 
 
 @pytest.mark.parametrize("algo", ["sac", "na"])
-def test_steered_policy_round_trips_through_save_load(tmp_path, algo):
+def test_steered_policy_round_trips_through_save_load(tmp_path, algo, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where SB3 puts a logger's default folder
+    (tmp_path / "tmp").mkdir()
     p = tiny()
     cfg = SteerConfig(algo=algo, net_arch=(32, 32), batch_size=16, learning_starts=8, utd=1, noise="shared")
     sp = NoiseSpace.for_policy(p, cfg)
@@ -338,6 +343,7 @@ def test_steered_policy_round_trips_through_save_load(tmp_path, algo):
         model = make_algorithm(cfg, vec)
         model.learn(80, callback=ProgressCallback(Progress(80, show=False)))
         actor = SB3Actor.of(model, cfg)
+        assert list((tmp_path / "tmp").glob("SB3-*")) == []  # no log asked for: no SB3-<date> folder left behind
     else:
         from policies.steering.na import NoiseAliasing
 
@@ -419,8 +425,7 @@ def test_progress_stops_past_the_budget_and_evaluates_on_schedule():
 
 # ---- the command ------------------------------------------------------------------------------
 def embodied(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", *args, "progress=false"], cwd=cwd, capture_output=True,
-                       text=True, timeout=900)
+    r = run_cli([*args, "progress=false"], cwd=cwd, timeout=900)
     if check and r.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r

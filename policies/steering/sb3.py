@@ -18,6 +18,7 @@ import numpy as np
 from stable_baselines3 import PPO, SAC, TD3
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.noise import NormalActionNoise, VectorizedActionNoise
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
@@ -51,6 +52,14 @@ def make_algorithm(cfg: SteerConfig, env: VecEnv, tensorboard_log: str | None = 
                          "('na' runs policies.steering.na.NoiseAliasing)")
     common: dict[str, Any] = dict(learning_rate=cfg.learning_rate, gamma=cfg.gamma, seed=cfg.seed, device=device,
                                   tensorboard_log=tensorboard_log, verbose=verbose, policy_kwargs=policy_kwargs(cfg))
+    algo = _make(cfg, env, common)
+    if tensorboard_log is None and not verbose:
+        # SB3's default logger would make an empty SB3-<date> folder in the temp dir at every learn()
+        algo.set_logger(Logger(folder=None, output_formats=[]))
+    return algo
+
+
+def _make(cfg: SteerConfig, env: VecEnv, common: dict[str, Any]) -> BaseAlgorithm:
     if cfg.algo == "ppo":
         return PPO("MlpPolicy", env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs, **common)
     off = dict(buffer_size=cfg.buffer_size, learning_starts=cfg.learning_starts, batch_size=cfg.batch_size,
