@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -33,8 +34,7 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def _cli(*args, cwd, timeout=300):
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, env=ENV, capture_output=True,
-                       text=True, timeout=timeout)
+    r = run_cli(args, cwd=cwd, env=ENV, timeout=timeout)
     assert r.returncode == 0, r.stderr[-4000:]
     return r
 
@@ -194,21 +194,17 @@ def test_robot_bench_is_a_hydra_command(tmp_path):
     assert m["state"]["n"] == 5 and m["images_2x224x224"]["n"] == 5 and m["loop"]["steps"] == 5
     assert json.loads((tmp_path / "copy.json").read_text()) == m
     assert "round trip, state" in r.stdout and "control loop at 50 Hz" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "bench", "requests=0",
-                        f"hydra.run.dir={tmp_path}/bad"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                       timeout=120)
+    r = run_cli(["robot", "bench", "requests=0", f"hydra.run.dir={tmp_path}/bad"], cwd=tmp_path, env=ENV,
+                timeout=120)
     assert r.returncode == 2 and "requests must be >= 1" in r.stderr and not (tmp_path / "bad").exists()
 
 
 def test_bad_command_arguments_name_the_problem(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "run", "robot=sim", f"hydra.run.dir={tmp_path}"],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    r = run_cli(["robot", "run", "robot=sim", f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env=ENV, timeout=120)
     assert r.returncode == 2 and "url=ws://HOST:PORT" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "eval", "policy=remote", f"hydra.run.dir={tmp_path}"],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    r = run_cli(["eval", "policy=remote", f"hydra.run.dir={tmp_path}"], cwd=tmp_path, env=ENV, timeout=120)
     assert r.returncode == 2 and "policy=remote and url=ws://HOST:PORT go together" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "fly"], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli(["robot", "fly"], cwd=tmp_path, env=ENV, timeout=120)
     assert r.returncode == 2 and "unknown sub-command 'fly'" in r.stderr
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 
 SMALL = os.environ.get("EMBODIED_SLOW_BUDGET", "full") == "small" or os.environ.get("CI") == "true"
 
 
 def embodied(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     extra = ["progress=false"] if args[0] in ("collect", "eval", "train") else []
-    cmd = [sys.executable, "-m", "embodied.cli", *args, *extra]
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+    r = run_cli([*args, *extra], cwd=cwd, timeout=900)
     if check and r.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r
@@ -386,8 +386,7 @@ def _capture_train(*args: str, cwd: Path) -> dict:
 def test_cfg_job_prints_the_config_train_runs(tmp_path, args):
     import yaml
 
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *args, "progress=false", "--cfg", "job",
-                        "--resolve"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = run_cli(["train", *args, "progress=false", "--cfg", "job", "--resolve"], cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     printed = yaml.safe_load(r.stdout)
     assert printed == _capture_train(*args, cwd=tmp_path)

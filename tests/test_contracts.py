@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 from gymnasium.utils.env_checker import check_env
 
 import embodied
@@ -218,9 +218,9 @@ def test_sim_robot_contract():
 @pytest.mark.parametrize("suite, substeps", [("manipulation", 10), ("navigation", 5)])
 def test_bench_smoke(tmp_path, suite, substeps):
     """``embodied bench`` on our own worlds: figures beside their baselines, no native one."""
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", f"suite={suite}", "sim_steps=10",
-                        "render_frames=2", "render_sizes=[32,48]", "sections=[sim,render,experts]",
-                        "expert_episodes=1", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=900)
+    r = run_cli(["bench", f"suite={suite}", "sim_steps=10", "render_frames=2", "render_sizes=[32,48]",
+                 "sections=[sim,render,experts]", "expert_episodes=1", f"hydra.run.dir={tmp_path}"], cwd=Path.cwd(),
+                timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     tasks = embodied.list_tasks(suite)
@@ -237,8 +237,7 @@ def test_bench_smoke(tmp_path, suite, substeps):
 
 
 def test_bench_bad_config(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", "sections=[sim,speed]",
-                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    r = run_cli(["bench", "sections=[sim,speed]", f"hydra.run.dir={tmp_path}"], cwd=Path.cwd(), timeout=300)
     assert r.returncode == 2 and "sections" in r.stderr and "'speed'" in r.stderr and "experts" in r.stderr
 
 

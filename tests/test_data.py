@@ -363,11 +363,9 @@ def test_load_arrays_names_an_unknown_task(filled):
 
 
 def run_cli(*args, cwd):
-    import subprocess
-    import sys
+    from cli_runner import run_cli
 
-    return subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return run_cli(args, cwd=cwd, timeout=300)
 
 
 def test_a_truncated_episode_does_not_block_collection(tmp_path):

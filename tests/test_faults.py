@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 import torch
 
 from embodied.core.errors import InvalidObservationError
@@ -88,8 +89,7 @@ def test_a_torch_policy_refuses_a_bad_state_mid_chunk(tmp_path):
 
 
 def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return run_cli(args, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -5,6 +5,7 @@ import sim  # noqa: F401  (configures headless GL before mujoco is imported)
 import json
 import re
 import subprocess
+from pathlib import Path
 import sys
 import warnings
 
@@ -12,6 +13,7 @@ import metaworld  # noqa: F401  (a hard dependency: missing, this module fails l
 import mujoco
 import numpy as np
 import pytest
+from cli_runner import run_cli
 from gymnasium.utils.env_checker import check_env
 
 from embodied.core.errors import InvalidActionError
@@ -297,9 +299,9 @@ def test_rollout_with_expert():
 def test_bench_metaworld_mt10_smoke(tmp_path):
     """``embodied bench`` on MT10: each figure beside its baseline, a baseline that replays the
     very same episodes, and Meta-World's own env and expert as the adapter's baselines."""
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "bench", "suite=metaworld-mt10", "sim_steps=10",
-                        "render_frames=2", "render_sizes=[32]", "sections=[sim,render,experts]", "expert_episodes=1",
-                        "expert_steps=20", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=900)
+    r = run_cli(["bench", "suite=metaworld-mt10", "sim_steps=10", "render_frames=2", "render_sizes=[32]",
+                 "sections=[sim,render,experts]", "expert_episodes=1", "expert_steps=20", f"hydra.run.dir={tmp_path}"],
+                cwd=Path.cwd(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["suite"] == "metaworld-mt10" and m["tasks"] == list(MT10)

@@ -5,8 +5,6 @@ the steer learner hands it to suite-wide steering beside the ground truth and th
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from rewards.preference.model import PreferenceReward, RewardConfig
 from rewards.preference.segments import Trajectory, sample_pairs
 from rewards.preference.store import TARGET, LabelStore
 from rewards.preference.teachers import make_simulated
+from cli_runner import run_cli
 from tiny import reach_checkpoint
 
 torch.set_num_threads(1)
@@ -186,14 +185,14 @@ def test_the_steer_learner_spreads_its_episodes_over_the_tasks_and_steers_suite_
 def test_embodied_prefer_steer_across_two_tasks_writes_the_reward_and_every_steering_run(tmp_path):
     ckpt = reach_checkpoint(tmp_path / "base", "flow", tasks=("reach", "push"))
     run = tmp_path / "run"
-    r = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", "prefer", "learner=steer", "tasks=[reach,push]", f"checkpoint={ckpt}",
+    r = run_cli(
+        ["prefer", "learner=steer", "tasks=[reach,push]", f"checkpoint={ckpt}",
          "teacher=mistake", "eps=0.1", "budget=8", "rounds=2", "episodes_per_round=2", "candidates=2",
          "heldout_episodes=2", "heldout_pairs=20", "eval_episodes=1", "segment_length=10", "oversample=2",
          "steer_env_steps=16", "steer_eval_every=0", "steer_eval_episodes=1", "reward.hidden=16", "reward.epochs=2",
          "reward.ensemble=2", "+steer.batch_size=8", "+steer.learning_starts=4", "+steer.net_arch=[16,16]",
          "steer.utd=1", f"hydra.run.dir={run}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((run / "metrics.json").read_text())
     assert m["tasks"] == ["reach", "push"] and m["labels"]["answered"] == 8 and m["teacher"] == "mistake"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 import torch
 from scipy import stats
 
@@ -499,8 +500,7 @@ def test_the_vlm_teacher_runs_the_loop_with_any_frame_reward(tmp_path, monkeypat
 
 def cli(*args, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return run_cli(args, cwd=cwd, env=env, timeout=600)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 import torch
 
 import embodied
@@ -24,8 +25,7 @@ SUITES = ("manipulation", "navigation", "metaworld-mt10")
 
 
 def embodied_cli(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=600)
+    r = run_cli(args, cwd=cwd, timeout=600)
     if check and r.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r

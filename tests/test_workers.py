@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -121,9 +119,11 @@ def test_workers_config_is_checked():
 @pytest.mark.slow
 def test_cli_eval_workers(tiny_checkpoint, tmp_path):
     """``embodied eval workers=2``: metrics.json equals the one-process evaluation's."""
-    cmd = [sys.executable, "-m", "embodied.cli", "eval", f"checkpoint={tiny_checkpoint}", "workers=2", "device=cpu",
-           "tasks=[reach]", "episodes=2", "splits=[train]", "videos=0", "progress=false", f"hydra.run.dir={tmp_path}/ev"]
-    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    from cli_runner import run_cli
+
+    r = run_cli(["eval", f"checkpoint={tiny_checkpoint}", "workers=2", "device=cpu", "tasks=[reach]", "episodes=2",
+                 "splits=[train]", "videos=0", "progress=false", f"hydra.run.dir={tmp_path}/ev"], cwd=tmp_path,
+                timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "ev/metrics.json").read_text())
     assert m["runner"] == "local" and m["workers"] == 2
