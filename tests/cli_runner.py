@@ -141,7 +141,10 @@ def run_cli(args, cwd, env: dict | None = None, timeout: float = 900) -> subproc
 
         def kill() -> None:
             killed.append(True)
-            os.killpg(pid, 9)
+            try:
+                os.killpg(pid, 9)  # the command and whatever it started (it leads its own session)
+            except ProcessLookupError:  # it ended just now
+                pass
 
         timer = threading.Timer(timeout, kill)
         timer.start()

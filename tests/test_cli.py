@@ -30,6 +30,28 @@ def test_usage_and_unknown_command(tmp_path):
     assert r.returncode == 2 and "Did you mean 'train'" in r.stderr
 
 
+def test_the_warm_runner_gives_what_the_console_command_gives(tmp_path):
+    """``run_cli`` (forked from a warm interpreter) against ``python -m embodied.cli``: the same exit
+    code, errors and results; a command past its timeout is killed and raises as ``subprocess.run``."""
+    for args in (["trian"], ["eval", "episodes=0"], ["steer", "task=reach"],
+                 ["eval", "policy=expert", "tasks=[reach]", "episodes=1", "videos=0", "progress=false"]):
+        warm = run_cli([*args, f"hydra.run.dir={tmp_path}/warm"], cwd=tmp_path)
+        cold = subprocess.run([sys.executable, "-m", "embodied.cli", *args, f"hydra.run.dir={tmp_path}/cold"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert warm.returncode == cold.returncode, (args, warm.stderr[-2000:], cold.stderr[-2000:])
+        if warm.returncode:
+            assert warm.stderr.replace("warm", "cold") == cold.stderr and warm.stderr.strip(), args
+        else:
+            runs = [json.loads((tmp_path / f"{k}/metrics.json").read_text()) for k in ("warm", "cold")]
+            keys = ("success_rate", "heldout_paraphrase_success_rate")
+            assert [runs[0][k] for k in keys] == [runs[1][k] for k in keys], args
+            assert runs[0]["per_task"]["reach"]["episodes"] == runs[1]["per_task"]["reach"]["episodes"] == 1
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_cli(["collect", "tasks=[reach]", "episodes=100000", f"out={tmp_path}/ds", "progress=false",
+                 f"hydra.run.dir={tmp_path}/slow"], cwd=tmp_path, timeout=3)
+    assert run_cli(["eval", "episodes=0"], cwd=tmp_path).returncode == 2  # the server goes on after a kill
+
+
 def test_collect_then_eval_expert(tmp_path):
     embodied("collect", "tasks=[reach,press-button]", "episodes=2", f"out={tmp_path}/ds",
              f"hydra.run.dir={tmp_path}/collect", cwd=tmp_path)
