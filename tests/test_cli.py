@@ -33,7 +33,7 @@ def test_usage_and_unknown_command(tmp_path):
 def test_the_warm_runner_gives_what_the_console_command_gives(tmp_path):
     """``run_cli`` (forked from a warm interpreter) against ``python -m embodied.cli``: the same exit
     code, errors and results; a command past its timeout is killed and raises as ``subprocess.run``."""
-    for args in (["trian"], ["eval", "episodes=0"], ["steer", "task=reach"],
+    for args in (["trian"], ["eval", "episodes=0"],
                  ["eval", "policy=expert", "tasks=[reach]", "episodes=1", "videos=0", "progress=false"]):
         warm = run_cli([*args, f"hydra.run.dir={tmp_path}/warm"], cwd=tmp_path)
         cold = subprocess.run([sys.executable, "-m", "embodied.cli", *args, f"hydra.run.dir={tmp_path}/cold"],

@@ -260,7 +260,11 @@ def test_an_interrupted_export_leaves_nothing(collected, tmp_path, monkeypatch):
 
 
 def run_cli(*args, cwd, code=""):
-    """``embodied ARGS`` in a fresh interpreter, after ``code`` (e.g. a patch)."""
+    """``embodied ARGS``; with ``code`` (e.g. a patch), in a fresh interpreter that runs it first."""
+    if not code:
+        from cli_runner import run_cli as warm
+
+        return warm(args, cwd=cwd, timeout=300)
     prog = f"{code}\nimport sys\nfrom embodied.cli import main\nmain(sys.argv[1:])"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
