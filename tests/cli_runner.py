@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # the server: pre-imports, then forks one child per request line (JSON) read from stdin
 _SERVER = r"""
-import json, os, signal, sys, traceback
+import atexit, json, os, signal, sys, traceback
 GL_VARS = ("MUJOCO_GL", "PYOPENGL_PLATFORM")
 import sim.render
 sim.render.configure_gl()
@@ -79,7 +79,6 @@ for line in sys.stdin:
             except BaseException:
                 traceback.print_exc()
                 code = 1
-            import atexit
             atexit._run_exitfuncs()
         finally:
             try:
@@ -118,22 +117,26 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def run_cli(args, cwd, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """``python -m embodied.cli *args`` in ``cwd`` with ``env``, as a ``CompletedProcess`` (text output)."""
-    args = [str(a) for a in args]
+    cmd = [sys.executable, "-m", "embodied.cli", *map(str, args)]
     env = dict(os.environ if env is None else env)
-    with _lock, tempfile.TemporaryDirectory(prefix="embodied-cli-") as tmp:
-        if os.environ.get("EMBODIED_TEST_CLI") != "subprocess" and (
-                "proc" not in _server or _server["proc"].poll() is not None):
-            _server["proc"], _server["replies"], _server["gl"] = _start()
-        gl = _server.get("gl", {})
-        # MuJoCo reads its GL backend when it is imported: a command that asks for another one starts afresh
-        if os.environ.get("EMBODIED_TEST_CLI") == "subprocess" or any(
-                env.get(k, v) != v for k, v in gl.items() if v is not None):
-            return subprocess.run([sys.executable, "-m", "embodied.cli", *args], cwd=cwd, env=env,
-                                  capture_output=True, text=True, timeout=timeout)
-        env.update({k: v for k, v in gl.items() if v is not None and k not in env})
-        proc, replies = _server["proc"], _server["replies"]
+    with _lock:
+        cold = os.environ.get("EMBODIED_TEST_CLI") == "subprocess"
+        if not cold:
+            if "proc" not in _server or _server["proc"].poll() is not None:
+                _server["proc"], _server["replies"], _server["gl"] = _start()
+            gl = {k: v for k, v in _server["gl"].items() if v is not None}
+            # MuJoCo reads its GL backend when it is imported: a command that asks for another one starts afresh
+            cold = any(env.get(k, v) != v for k, v in gl.items())
+        if cold:
+            return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        return _run_warm(cmd, cwd, {**gl, **env}, timeout)
+
+
+def _run_warm(cmd: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    proc, replies = _server["proc"], _server["replies"]
+    with tempfile.TemporaryDirectory(prefix="embodied-cli-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        proc.stdin.write(json.dumps({"argv": args, "cwd": str(cwd), "env": env, "stdout": str(out),
+        proc.stdin.write(json.dumps({"argv": cmd[3:], "cwd": str(cwd), "env": env, "stdout": str(out),
                                      "stderr": str(err)}) + "\n")
         proc.stdin.flush()
         pid = json.loads(replies.readline())["pid"]
@@ -156,7 +159,5 @@ def run_cli(args, cwd, env: dict | None = None, timeout: float = 900) -> subproc
             raise RuntimeError("the warm CLI server stopped while a command ran")
         rc = json.loads(line)["rc"]
         if killed:
-            raise subprocess.TimeoutExpired([sys.executable, "-m", "embodied.cli", *args], timeout,
-                                            out.read_bytes(), err.read_bytes())
-        return subprocess.CompletedProcess([sys.executable, "-m", "embodied.cli", *args], rc,
-                                           out.read_text(errors="replace"), err.read_text(errors="replace"))
+            raise subprocess.TimeoutExpired(cmd, timeout, out.read_bytes(), err.read_bytes())
+        return subprocess.CompletedProcess(cmd, rc, out.read_text(errors="replace"), err.read_text(errors="replace"))

@@ -282,13 +282,12 @@ class Batcher:
         if ahead is None:
             idx, ks = self._draw(batch_size)
             batch = self.source.cut(idx, self.to, self.h)
-        else:
+        if self._pool is not None:  # (a batch is drawn ahead only while the thread runs)
             # Ctrl-C waits until the hand-over is done: raised inside the executor's or the future's
             # locks it would leave them held, and the reading thread (joined at exit) would hang
             with _held_interrupts():
-                idx, ks, batch = ahead[2], ahead[3], ahead[4].result()
-        if self._pool is not None:
-            with _held_interrupts():
+                if ahead is not None:
+                    idx, ks, batch = ahead[2], ahead[3], ahead[4].result()
                 state = self.rng.bit_generator.state
                 nidx, nks = self._draw(batch_size)
                 self._ahead = (batch_size, state, nidx, nks,
