@@ -328,3 +328,21 @@ def test_bench_experts_paired_with_metaworld():
     assert p["steps"] == 200 and p["success_rate"] == 1.0
     assert p["native_same_layouts_success_rate"] == 1.0 and p["episodes_agree"] == 3
     assert p["native_benchmark_success_rate"] >= 2 / 3
+
+
+def test_recorded_frames_play_at_video_speed():
+    """Meta-World steps at 80 Hz and videos play at 20 fps: a recorded episode keeps its first frame,
+    every fourth step and its last, so the video runs in the episode's own time."""
+    from embodied.runtime.rollout import VIDEO_FPS, frame_stride, run_episodes
+
+    assert VIDEO_FPS == 20 and frame_stride({"render_fps": 80}) == 4 and frame_stride({"render_fps": 20}) == 1
+    assert frame_stride({"render_fps": 10}) == 1 and frame_stride({}) == 1
+    res = run_episodes(lambda: make_env("reach-v3", max_episode_steps=30, render_mode="rgb_array", render_size=32),
+                       seeds=[0, 1], policy="expert", num_envs=2, record=1)
+    n = res[0].length
+    assert len(res[0].frames) == 1 + n // 4 + (n % 4 != 0) and not res[1].frames
+    final = make_env("reach-v3", max_episode_steps=30, render_mode="rgb_array", render_size=32)
+    final.reset(seed=0)
+    for _ in range(n):
+        final.step(final.expert_action())
+    assert np.array_equal(res[0].frames[-1], final.render())  # the last step's frame is kept

@@ -7,6 +7,8 @@ mismatch, bad configs and bad inputs.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -257,6 +259,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     ("diffusion", "sampler", "euler"),
     ("diffusion", "prediction_type", "v_prediction"),
     ("mlp", "hidden", 0),
+    ("flow", "image_activation", "tanh"),
     ("flow", "not_a_field", 1),
 ])
 def test_bad_config_names_the_field(family, field, value):
@@ -321,6 +324,35 @@ def test_pixel_policy_with_random_shift():
         policy.predict_chunk({**batch, "image": batch["image"].astype(np.float32)}, noise())
     with pytest.raises(SpecMismatchError):
         make_policy("flow", {"obs_mode": "pixels"}, OBS_SPEC, ACTION_SPEC, None)
+
+
+def test_image_activation_is_chosen_and_old_checkpoints_keep_mish(tmp_path):
+    """The conv trunk uses ``image_activation`` (SiLU by default); a checkpoint written before the
+    field existed loads with Mish, the activation it was trained with, and predicts as it did."""
+    spec = ObservationSpec(state_dim=4, cameras=("front",), image_size=16)
+    cfg = {**VARIANTS["flow"][1], "obs_mode": "pixels", "image_keypoints": 4}
+    acts = {a: [type(m) for m in make_policy("flow", {**cfg, "image_activation": a}, spec, ACTION_SPEC, None,
+                                             device="cpu").model["obs"].image.trunk if not isinstance(
+                                                 m, (torch.nn.Conv2d, torch.nn.GroupNorm))]
+            for a in ("silu", "relu", "mish")}
+    assert acts == {"silu": [torch.nn.SiLU] * 4, "relu": [torch.nn.ReLU] * 4, "mish": [torch.nn.Mish] * 4}
+    assert make_config("flow", {}).image_activation == "silu"
+
+    old = make_policy("flow", {**cfg, "image_activation": "mish"}, spec, ACTION_SPEC, None, device="cpu")
+    rng = np.random.default_rng(0)
+    batch = {"state": rng.normal(size=(2, TO, 4)).astype(np.float32),
+             "image": rng.integers(0, 255, size=(2, TO, 16, 16, 3), dtype=np.uint8), "instruction": INSTRUCTIONS}
+    want = old.predict_chunk(batch, noise())
+    path = save_policy(old, tmp_path / "old")
+    meta = json.loads((path / "config.json").read_text())
+    del meta["config"]["image_activation"]  # as written before the field existed
+    (path / "config.json").write_text(json.dumps(meta))
+    loaded = load_policy(str(path), device="cpu")
+    assert loaded.config.image_activation == "mish"
+    np.testing.assert_array_equal(loaded.predict_chunk(batch, noise()), want)
+    silu = make_policy("flow", cfg, spec, ACTION_SPEC, None, device="cpu")
+    silu.model.load_state_dict(old.model.state_dict())
+    assert not np.array_equal(silu.predict_chunk(batch, noise()), want)  # the activation matters
 
 
 def test_pixel_policy_learns_privileged_state_from_images(tmp_path):

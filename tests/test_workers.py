@@ -116,6 +116,18 @@ def test_workers_config_is_checked():
             cls(workers=-1)
 
 
+def test_train_uses_a_worker_per_core_for_state_and_pixels(monkeypatch):
+    """``workers=0`` in ``embodied train``: one process per core from 100 episodes on, whatever the
+    observations (a pixel worker renders its own frames); fewer episodes stay in this process."""
+    import embodied.runtime.train as train_mod
+
+    monkeypatch.setattr(train_mod.os, "cpu_count", lambda: 3)
+    for obs_mode in ("state", "pixels"):
+        cfg = train_mod.TrainConfig(obs_mode=obs_mode)
+        assert (train_mod._workers(cfg, 100), train_mod._workers(cfg, 99)) == (3, 1), obs_mode
+        assert train_mod._workers(train_mod.TrainConfig(obs_mode=obs_mode, workers=2), 10) == 2
+
+
 @pytest.mark.slow
 def test_cli_eval_workers(tiny_checkpoint, tmp_path):
     """``embodied eval workers=2``: metrics.json equals the one-process evaluation's."""

@@ -22,7 +22,7 @@ from embodied.core.errors import UnknownNameError
 from embodied.core.files import write_json  # noqa: F401  (re-exported: the commands and steer import it here)
 from embodied.core.policy import Episode, Policy, PolicyWrapper, batch_row
 from embodied.core.registry import get_task, make_env
-from embodied.runtime.rollout import EpisodeResult, run_episodes, wilson_interval
+from embodied.runtime.rollout import VIDEO_FPS, EpisodeResult, run_episodes, wilson_interval
 
 SPLITS = ("train", "heldout")
 
@@ -470,8 +470,8 @@ def plot_success(path: Path, metrics: Mapping[str, Any]) -> Path:
     return path
 
 
-def save_videos(out_dir: str | os.PathLike[str], results: Mapping[str, list[EpisodeResult]], fps: int = 20
-                ) -> dict[str, str]:
+def save_videos(out_dir: str | os.PathLike[str], results: Mapping[str, list[EpisodeResult]],
+                fps: int = VIDEO_FPS) -> dict[str, str]:
     """Save one success and one failure video per task (MP4, GIF if no encoder). Returns name -> path."""
     import imageio.v2 as imageio
 

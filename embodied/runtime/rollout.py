@@ -90,6 +90,15 @@ def _unbatch(obs: dict[str, Any], n: int) -> list[dict[str, Any]]:
     return out
 
 
+VIDEO_FPS = 20  # frames per second of saved videos (``evaluate.save_videos``)
+
+
+def frame_stride(metadata: dict[str, Any]) -> int:
+    """Steps between recorded frames: ``render_fps / VIDEO_FPS``, rounded (at least 1). A Meta-World
+    env steps at 80 Hz, so every fourth step is kept; a 20 Hz env keeps every step."""
+    return max(1, round(float(metadata.get("render_fps") or VIDEO_FPS) / VIDEO_FPS))
+
+
 def run_episodes(
     make_env: Callable[[], gym.Env],
     seeds: Sequence[int],
@@ -109,7 +118,9 @@ def run_episodes(
         policy: a ``Policy``, or ``"expert"`` for the task's scripted expert.
         num_envs: parallel sub-environments.
         vector: ``"sync"`` (this process) or ``"async"`` (worker processes).
-        record: keep rendered frames of the first ``record`` episodes (for videos).
+        record: keep rendered frames of the first ``record`` episodes (for videos): the first
+            frame, then every ``frame_stride(env)``-th step and the last, so that the video plays at
+            ``VIDEO_FPS`` in the environment's own time.
         progress: optional tqdm bar, advanced once per finished episode.
         task: the task name, passed to the policy as ``task`` (the one-hot baseline uses it).
     """
@@ -124,6 +135,7 @@ def run_episodes(
     # (the instruction) into shared memory as a string of "a"s, so the policy would never see it.
     kw = {"context": "spawn", "shared_memory": False} if cls is gym.vector.AsyncVectorEnv else {}
     envs = cls([make_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.DISABLED, **kw)
+    stride = frame_stride(envs.metadata) if record else 1
     results: list[EpisodeResult | None] = [None] * len(seeds)
     slot = [-1] * num_envs  # index into seeds of the episode each env plays, -1 = idle
     ret, length = np.zeros(num_envs), np.zeros(num_envs, int)
@@ -178,7 +190,8 @@ def run_episodes(
             obs, rew, term, trunc, info = envs.step(actions)
             fresh = _unbatch(obs, num_envs)
             mask = np.zeros(num_envs, bool)
-            mask[active] = True
+            ends = np.logical_or(term, trunc)
+            mask[[i for i in active if (length[i] + 1) % stride == 0 or ends[i]]] = True
             _record(mask)
             done = []
             for i in active:

@@ -115,8 +115,8 @@ class TrainConfig:
     snapshot_every: int = 4000  # keep checkpoints/step_XXXXXXX/ (policy only) every N steps and at the end; 0: never
     num_envs: int = 10
     # worker processes for collection and the final evaluation (each evaluation worker loads
-    # checkpoint/). 0: one per CPU core for state observations and >= 100 episodes, else this
-    # process (a worker costs a few seconds to start; pixel environments already run in workers)
+    # checkpoint/). 0: one per CPU core for >= 100 episodes, else this process (a worker costs a
+    # few seconds to start)
     workers: int = 0
     videos: int = 2
     seed: int = 0
@@ -338,10 +338,11 @@ def default_threads() -> int:
 
 
 def _workers(cfg: TrainConfig, episodes: int) -> int:
-    """Worker processes for ``episodes`` episodes (``cfg.workers``, or the automatic choice)."""
+    """Worker processes for ``episodes`` episodes (``cfg.workers``, or the automatic choice: one per
+    core from 100 episodes on, for state and pixels alike: a worker renders its own frames)."""
     if cfg.workers:
         return cfg.workers
-    return (os.cpu_count() or 1) if cfg.obs_mode == "state" and episodes >= 100 else 1
+    return (os.cpu_count() or 1) if episodes >= 100 else 1
 
 
 def dataset_path(cfg: TrainConfig) -> Path:
@@ -795,8 +796,9 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
     if workers > 1:
         from embodied.runtime.distributed import PolicySource, evaluate_sharded
 
+        # each worker steps its environments in its own process ("sync"): the workers fill the cores
         metrics, results = evaluate_sharded(PolicySource(str(ckpt), cfg.device), tasks, cfg.eval_episodes,
-                                            ("train", "heldout"), cfg.eval_seed, cfg.num_envs, vector, kw,
+                                            ("train", "heldout"), cfg.eval_seed, cfg.num_envs, "sync", kw,
                                             videos=cfg.videos, progress=cfg.progress, workers=workers)
     else:
         metrics, results = evaluate(deployed, tasks, cfg.eval_episodes, ("train", "heldout"), cfg.eval_seed,

@@ -129,7 +129,8 @@ class TorchPolicy(Policy, nn.Module):
         self.normalizer = Normalizer(stats, obs_spec.state_dim, action_spec, config.aux_state_dim)
         obs = ObsEncoder(obs_spec.state_dim, config.n_obs_steps, config.state_hidden, config.obs_dim,
                          config.state_layers, config.text_dim if config.text_film else 0, len(self.cameras),
-                         config.image_keypoints, config.crop_pad, config.image_channels, config.aux_state_dim)
+                         config.image_keypoints, config.crop_pad, config.image_channels, config.aux_state_dim,
+                         config.image_activation)
         text = TextPool(self.text.dim, config.text_dim, config.text_pool, config.text_queries,
                         token_dropout=config.text_token_dropout, feature_dropout=config.text_feature_dropout)
         self.model = nn.ModuleDict({"obs": obs, "text": text,

@@ -119,6 +119,7 @@ def load_policy(path: str | Path, device: str | torch.device = "auto", obs_spec:
     legacy_text = "text_pool" not in values  # written before token attention: mean pooling only
     if legacy_text:
         values["text_pool"] = "mean"
+    values.setdefault("image_activation", "mish")  # written before the field: the trunk used Mish
     config = config_from_dict(cls.config_class, values)
     dev = resolve_device(device)
     policy = cls(config, ObservationSpec.from_dict(meta["obs_spec"]), ActionSpec.from_dict(meta["action_spec"]),

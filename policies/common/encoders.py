@@ -59,17 +59,20 @@ class SpatialSoftmax(nn.Module):
 class ImageEncoder(nn.Module):
     """uint8 (N, H, W, 3) frames -> (N, 2 * keypoints) features.
 
-    Four 3x3 conv layers (stride 2, 1, 2, 1) with GroupNorm and Mish: a quarter of the input
-    resolution is left for the keypoints (16x16 for 64x64 images).
+    Four 3x3 conv layers (stride 2, 1, 2, 1) with GroupNorm and ``activation`` (SiLU by default):
+    a quarter of the input resolution is left for the keypoints (16x16 for 64x64 images).
     """
 
-    def __init__(self, keypoints: int = 32, crop_pad: int = 4, channels: int = 32) -> None:
+    def __init__(self, keypoints: int = 32, crop_pad: int = 4, channels: int = 32, activation: str = "silu") -> None:
         super().__init__()
+        acts = {"silu": nn.SiLU, "relu": nn.ReLU, "mish": nn.Mish}
+        if activation not in acts:
+            raise ValueError(f"activation={activation!r} is not allowed: must be one of {', '.join(map(repr, acts))}")
         self.crop_pad = crop_pad
         c = channels
 
         def block(cin: int, cout: int, stride: int) -> list[nn.Module]:
-            return [nn.Conv2d(cin, cout, 3, stride, 1), nn.GroupNorm(8, cout), nn.Mish()]
+            return [nn.Conv2d(cin, cout, 3, stride, 1), nn.GroupNorm(8, cout), acts[activation]()]
 
         self.trunk = nn.Sequential(*block(3, c, 2), *block(c, c, 1), *block(c, 2 * c, 2), *block(2 * c, 2 * c, 1))
         self.keypoints = SpatialSoftmax(2 * c, keypoints)
@@ -159,16 +162,16 @@ class ObsEncoder(nn.Module):
         n_layers: hidden layers of the state MLP.
         text_dim: size of the text features (0: no FiLM).
         n_cameras: cameras encoded (0 for state-only policies); one CNN is shared by all.
-        keypoints, crop_pad, image_channels: image-encoder settings.
+        keypoints, crop_pad, image_channels, image_activation: image-encoder settings.
         aux_dim: size of the privileged state predicted from the current step's image
             features by ``self.aux`` (an MLP; 0: none). Its loss is added in training only.
     """
 
     def __init__(self, state_dim: int, n_obs_steps: int, hidden: int, out_dim: int, n_layers: int = 2,
                  text_dim: int = 0, n_cameras: int = 0, keypoints: int = 32, crop_pad: int = 4,
-                 image_channels: int = 16, aux_dim: int = 0) -> None:
+                 image_channels: int = 16, aux_dim: int = 0, image_activation: str = "silu") -> None:
         super().__init__()
-        self.image = ImageEncoder(keypoints, crop_pad, image_channels) if n_cameras else None
+        self.image = ImageEncoder(keypoints, crop_pad, image_channels, image_activation) if n_cameras else None
         self.aux = (mlp(n_cameras * self.image.out_dim, 256, aux_dim)
                     if aux_dim and self.image is not None else None)
         per_step = state_dim + (n_cameras * self.image.out_dim if self.image is not None else 0)
