@@ -443,9 +443,11 @@ def steer(cfg: SteerRunConfig, out: Path) -> dict[str, Any]:
              pct(before["heldout"]), cfg.final_episodes)
     runs = [s.run(main)] + [s.run(m) for m in cfg.compare if m != main]
     steered = runs[0]
+    # saved before the final evaluation, so that an interrupt during it keeps the trained weights
+    save_policy(steered.policy, out / "checkpoint")
+    log.info("steered checkpoint saved to %s", out / "checkpoint")
     after, res = s.evaluate(steered.policy, cfg.final_episodes, videos=cfg.videos)
     videos["after"] = save_videos(out / "after", res) if cfg.videos else {}
-    save_policy(steered.policy, out / "checkpoint")
     # the steered policy's success is its held-out figure (final_episodes seeds per split), the
     # most precise estimate the run makes; every method's curve is read against it
     target = after["success"] or 0.0
