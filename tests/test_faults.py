@@ -348,14 +348,34 @@ def interrupt(args: list[str], cwd: Path, ready) -> tuple[int, str]:
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(p.stdout), daemon=True)
     reader.start()
-    deadline = time.time() + 600
-    while not ready("".join(out)):
-        assert p.poll() is None and time.time() < deadline, "".join(out)[-3000:]
-        time.sleep(0.2)
-    p.send_signal(signal.SIGINT)
-    p.wait(timeout=300)
+    try:
+        deadline = time.time() + 600
+        while not ready("".join(out)):
+            assert p.poll() is None and time.time() < deadline, "".join(out)[-3000:]
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running 120 s after Ctrl-C; its SIGINT is {sigint_disposition(p.pid)}\n"
+                                 + "".join(out)[-3000:]) from None
+    finally:  # a failed check never leaves the command running beside the next tests
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     reader.join(timeout=60)
     return p.returncode, "".join(out)
+
+
+def sigint_disposition(pid: int) -> str:
+    """Whether process ``pid`` blocks, ignores or catches SIGINT (from /proc), for a failure message."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as e:
+        return f"unknown ({e})"
+    masks = {k: int(status.split(f"{k}:")[1].split()[0], 16) for k in ("SigBlk", "SigIgn", "SigCgt")}
+    bit = 1 << (signal.SIGINT - 1)
+    return ", ".join(f"{k}={'yes' if m & bit else 'no'}" for k, m in masks.items())
 
 
 @pytest.mark.slow
