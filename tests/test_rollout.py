@@ -102,3 +102,69 @@ def test_noise_streams_refuses_what_it_cannot_replay(tmp_path, kw, match):
         kw = {**kw, "checkpoint": str(tmp_path / "c")}
     with pytest.raises(ValueError, match=match):
         EvalConfig(tasks=["reach"], **kw)
+
+
+def test_noise_scale_multiplies_the_drawn_noise_and_reaches_the_workers(tmp_path):
+    """noise_scale=0 plays the zero noise (the flow's mode); 0.5 halves every row's drawn noise;
+    a worker process gets the same scale as this process; explicit noise is used as given."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cli_runner import run_cli
+    from tiny import reach_checkpoint
+
+    from embodied.core.policy import batch_row
+    from embodied.runtime.checkpoints import load_for_eval
+    from embodied.runtime.evaluate import RowwisePolicy, _row_noise
+
+    ckpt = reach_checkpoint(tmp_path / "ckpt")
+    policy = load_for_eval(str(ckpt), "cpu")
+    env = make_env("reach")
+    obs, _ = env.reset(seed=100000)
+    env.close()
+    batch = {k: (np.asarray(v)[None, None].repeat(policy.n_obs_steps, 1) if k not in ("instruction", "task")
+                 else [v]) for k, v in obs.items() if k in ("state", "instruction", "task")}
+    zeros = np.zeros((1, *policy.noise_shape), np.float32)
+    np.testing.assert_array_equal(RowwisePolicy(policy, noise_scale=0).predict_chunk(batch),
+                                  RowwisePolicy(policy).predict_chunk(batch, zeros))
+    rowwise = RowwisePolicy(policy)
+    half = 0.5 * _row_noise(rowwise.noise_key, batch_row(batch, 0), tuple(policy.noise_shape))
+    np.testing.assert_array_equal(RowwisePolicy(policy, noise_scale=0.5).predict_chunk(batch),
+                                  rowwise.predict_chunk(batch, half.astype(np.float32)))
+    assert not np.allclose(RowwisePolicy(policy, noise_scale=0).predict_chunk(batch), rowwise.predict_chunk(batch))
+    np.testing.assert_array_equal(RowwisePolicy(policy, noise_scale=0).predict_chunk(batch, half.astype(np.float32)),
+                                  rowwise.predict_chunk(batch, half.astype(np.float32)))  # explicit noise: unscaled
+
+    rets = {}
+    for scale, workers in ((0, 1), (0, 2), (1, 1)):
+        run = tmp_path / f"eval_{scale}_{workers}"
+        r = run_cli(["eval", f"checkpoint={ckpt}", "tasks=[reach]", "episodes=2", "videos=0", "progress=false",
+                     f"noise_scale={scale}", f"workers={workers}", f"hydra.run.dir={run}"], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        m = json.loads((run / "metrics.json").read_text())
+        assert m["noise_scale"] == scale
+        rets[scale, workers] = m["per_task"]["reach"]["mean_return"]
+    assert rets[0, 1] == rets[0, 2]  # the workers drew the same zero noise
+    assert rets[0, 1] != rets[1, 1]
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf")])
+def test_noise_scale_refuses_what_is_not_a_scale(tmp_path, value):
+    from embodied.runtime.eval_job import EvalConfig
+
+    with pytest.raises(ValueError, match="noise_scale must be a finite number >= 0"):
+        EvalConfig(tasks=["reach"], noise_scale=value)
+
+
+def test_noise_scale_is_refused_where_no_noise_is_drawn(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cli_runner import run_cli
+
+    r = run_cli(["eval", "tasks=[reach]", "episodes=1", "videos=0", "noise_scale=0", f"hydra.run.dir={tmp_path}/r"],
+                cwd=tmp_path)
+    assert r.returncode != 0 and "noise_scale=0.0 has no effect here" in r.stderr, r.stderr[-2000:]

@@ -361,6 +361,7 @@ class PolicySource:
     device: str = "auto"
     num_inference_steps: int = 0
     ground_instructions: bool | None = None  # None: the checkpoint's setting
+    noise_scale: float = 1.0  # factor on the initial noise (RowwisePolicy)
 
     def load(self) -> Policy | str:
         """``"expert"``, or the checkpoint's policy wrapped in ``RowwisePolicy``.
@@ -379,7 +380,7 @@ def _load_cached(source: PolicySource, stamp: tuple[Any, ...]) -> RowwisePolicy:
     from embodied.runtime.checkpoints import load_for_eval
 
     return RowwisePolicy(load_for_eval(source.checkpoint, source.device, source.num_inference_steps,
-                                       source.ground_instructions))
+                                       source.ground_instructions), noise_scale=source.noise_scale)
 
 
 def eval_shard(source: PolicySource, shard: Shard, env_kwargs: Mapping[str, Any], num_envs: int, vector: str,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class EvalConfig:
     instructions_file: str = ""  # YAML/JSON file mapping task -> list of templates
     swap_instructions: bool = False  # also evaluate each task with another task's instructions
     noise_streams: int = 1  # > 1: play every seed with this many initial-noise streams; reports pass@k
+    noise_scale: float = 1.0  # factor on a flow/diffusion policy's initial noise (0: always the zero noise, its mode)
     seed: int = 100_000  # evaluation seeds are disjoint from collection seeds
     num_envs: int = 8
     vector: str = "auto"  # auto: async (worker processes) for pixels, sync for state
@@ -125,6 +127,9 @@ class EvalConfig:
             check_wordings(f"instructions.{task}", words)
         if self.swap_instructions and (self.instructions or self.instructions_file):
             raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
+        if not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
+            raise ValueError(f"noise_scale must be a finite number >= 0 (1: the trained N(0, I) noise, 0: the zero "
+                             f"noise), got {self.noise_scale}")
         if not 1 <= self.noise_streams <= 1000:
             raise ValueError(f"noise_streams must be in [1, 1000], got {self.noise_streams}")
         if self.noise_streams > 1:
@@ -331,6 +336,7 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     videos = save_videos(out, results) if cfg.videos else {}
     metrics["videos"] = videos
     metrics["policy"] = cfg.checkpoint or cfg.url or cfg.policy["name"]
+    metrics["noise_scale"] = cfg.noise_scale
     write_json(out / "metrics.json", metrics)
     write_report(out, metrics, f"Evaluation of {metrics['policy']}", videos)
     return metrics
@@ -373,6 +379,11 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
         policy = "expert"
     else:
         env_kwargs = policy_env_kwargs(policy, tasks)
+    if cfg.noise_scale != 1.0 and (policy == "expert" or cfg.url or getattr(policy.unwrapped, "noise_shape", None) is None
+                                   or not getattr(policy.unwrapped, "generative", True)):
+        raise ValueError(f"noise_scale={cfg.noise_scale} has no effect here: only a flow or diffusion checkpoint "
+                         "evaluated in this process or its workers draws initial noise (not the experts, a server "
+                         "or an MLP policy)")
     vector = cfg.vector if cfg.vector != "auto" else ("async" if env_kwargs.get("obs_mode", "state") != "state"
                                                       else "sync")
     workers = 0 if cfg.runner == "ray" else (cfg.workers or os.cpu_count() or 1)
@@ -381,11 +392,11 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
             raise ValueError(f"{'runner=ray' if cfg.runner == 'ray' else f'workers={workers}'} loads the policy "
                              "on each worker from checkpoint=PATH; this policy has none")
         return evaluate_sharded(PolicySource(checkpoint, cfg.device, cfg.num_inference_steps,
-                                             cfg.ground_instructions), tasks,
+                                             cfg.ground_instructions, cfg.noise_scale), tasks,
                                 cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
                                 instructions, videos, cfg.progress, ray_options(cfg), workers=workers)
     return evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
-                    env_kwargs, instructions, videos, cfg.progress)
+                    env_kwargs, instructions, videos, cfg.progress, noise_scale=cfg.noise_scale)
 
 
 def _noise_streams(cfg: EvalConfig, tasks: list[str], instructions: dict[str, list[str]],
@@ -404,7 +415,7 @@ def _noise_streams(cfg: EvalConfig, tasks: list[str], instructions: dict[str, li
     for k in range(1, cfg.noise_streams):
         log.info("noise stream %d/%d", k + 1, cfg.noise_streams)
         streams.append(evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
-                                instructions, 0, cfg.progress, noise_stream=k)[1])
+                                instructions, 0, cfg.progress, noise_stream=k, noise_scale=cfg.noise_scale)[1])
     summary = noise_stream_summary(streams)
     for key, v in summary["per_task"].items():
         log.info("%-24s mean %5.1f%%  pass@%d %5.1f%%", key, 100 * v["mean"], summary["k"], 100 * v["pass_at_k"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import sys
 import time
@@ -64,6 +65,7 @@ def evaluate(
     videos: int = 0,
     progress: bool = True,
     noise_stream: int = 0,
+    noise_scale: float = 1.0,
 ) -> tuple[dict[str, Any], dict[str, list[EpisodeResult]]]:
     """Evaluate ``policy`` on each task and instruction split.
 
@@ -82,6 +84,8 @@ def evaluate(
         videos: episodes per task (train split) whose frames are kept for videos.
         noise_stream: which stream of per-observation initial noise a generative policy gets
             (``RowwisePolicy``); 0 is the stream every other evaluation uses.
+        noise_scale: factor on that initial noise (1: N(0, I) as trained; 0: always the
+            zero noise, the flow's mode).
 
     Returns:
         (metrics, results) where metrics has ``success_rate`` (mean over tasks, train
@@ -93,9 +97,9 @@ def evaluate(
     runs = eval_runs(tasks, episodes, splits, instructions)
     env_kwargs = dict(env_kwargs or {})
     if isinstance(policy, Policy) and not isinstance(policy, RowwisePolicy):
-        policy = RowwisePolicy(policy, noise_stream)
-    elif noise_stream and isinstance(policy, RowwisePolicy):
-        policy = RowwisePolicy(policy.policy, noise_stream)
+        policy = RowwisePolicy(policy, noise_stream, noise_scale)
+    elif isinstance(policy, RowwisePolicy) and (noise_stream, noise_scale) != (0, 1.0):
+        policy = RowwisePolicy(policy.policy, noise_stream, noise_scale)
     t0 = time.time()
     bar = tqdm(total=len(runs) * episodes, desc="eval", unit="ep", disable=not progress, leave=False)
     all_results: dict[str, list[EpisodeResult]] = {}
@@ -213,7 +217,8 @@ class RowwisePolicy(PolicyWrapper):
     when no ``noise`` is given, a generative policy gets (1, H, Da) N(0, I) noise from a
     generator seeded with a hash of (``policy.config.seed``, the row's observation history,
     instruction and task) -- the same hashing idea as the diffusion policy's ddpm sampler.
-    Explicit ``noise`` (steering) is passed through, row by row. A torch policy whose
+    ``noise_scale`` multiplies that drawn noise (0: the zero noise, the flow's mode).
+    Explicit ``noise`` (steering) is passed through unscaled, row by row. A torch policy whose
     ``batches_rows`` is true computes the rows as one batch with ``predict_rows``, which
     gives each row bitwise what it gives alone, for less time per row than a loop; others
     run row by row. Rows run on one torch thread: the result of a reduction
@@ -221,8 +226,12 @@ class RowwisePolicy(PolicyWrapper):
     has one CPU where this process may have many.
     """
 
-    def __init__(self, policy: Policy, noise_stream: int = 0):
+    def __init__(self, policy: Policy, noise_stream: int = 0, noise_scale: float = 1.0):
         super().__init__(policy)
+        if not (math.isfinite(noise_scale) and noise_scale >= 0):
+            raise ValueError(f"noise_scale must be a finite number >= 0 (1: the trained N(0, I) noise, 0: the zero "
+                             f"noise), got {noise_scale}")
+        self.noise_stream, self.noise_scale = noise_stream, float(noise_scale)
         inner = policy.unwrapped
         self.noise_shape = getattr(inner, "noise_shape", None) if getattr(inner, "generative", True) else None
         self.seed = int(getattr(getattr(inner, "config", None), "seed", 0))
@@ -238,6 +247,8 @@ class RowwisePolicy(PolicyWrapper):
         rows = [batch_row(obs_batch, i) for i in range(b)]
         if noise is None and self.noise_shape is not None:
             noise = np.concatenate([_row_noise(self.noise_key, row, tuple(self.noise_shape)) for row in rows])
+            if self.noise_scale != 1.0:
+                noise = (noise * self.noise_scale).astype(np.float32)
         with _one_torch_thread():
             if b > 1 and getattr(self.policy, "batches_rows", False):
                 return np.asarray(self.policy.predict_rows(obs_batch, noise))  # bitwise the rows alone
