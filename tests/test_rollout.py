@@ -42,6 +42,15 @@ def test_policy_sees_the_real_instruction_and_images(vector):
     first.close()
 
 
+def reach_batch(policy) -> dict:
+    """A one-row observation batch of reach's first held-out seed, as ``policy`` reads it."""
+    env = make_env("reach")
+    obs, _ = env.reset(seed=100000)
+    env.close()
+    return {k: (np.asarray(v)[None, None].repeat(policy.n_obs_steps, 1) if k not in ("instruction", "task")
+                else [v]) for k, v in obs.items() if k in ("state", "instruction", "task")}
+
+
 def test_noise_streams_replay_the_same_seeds_with_other_noise_and_report_pass_at_k(tmp_path):
     """Stream 0 is the ordinary evaluation; stream k > 0 draws other noise for the same seeds,
     reproducibly; pass@k is the share of seeds some stream solves."""
@@ -56,11 +65,7 @@ def test_noise_streams_replay_the_same_seeds_with_other_noise_and_report_pass_at
     from embodied.runtime.rollout import EpisodeResult
 
     policy = load_for_eval(str(reach_checkpoint(tmp_path / "ckpt")), "cpu")
-    env = make_env("reach")
-    obs, _ = env.reset(seed=100000)
-    env.close()
-    batch = {k: (np.asarray(v)[None, None].repeat(policy.n_obs_steps, 1) if k not in ("instruction", "task")
-                 else [v]) for k, v in obs.items() if k in ("state", "instruction", "task")}
+    batch = reach_batch(policy)
     c0, c0b = RowwisePolicy(policy).predict_chunk(batch), RowwisePolicy(policy, 0).predict_chunk(batch)
     c1, c1b = RowwisePolicy(policy, 1).predict_chunk(batch), RowwisePolicy(policy, 1).predict_chunk(batch)
     np.testing.assert_array_equal(c0, c0b)
@@ -121,11 +126,7 @@ def test_noise_scale_multiplies_the_drawn_noise_and_reaches_the_workers(tmp_path
 
     ckpt = reach_checkpoint(tmp_path / "ckpt")
     policy = load_for_eval(str(ckpt), "cpu")
-    env = make_env("reach")
-    obs, _ = env.reset(seed=100000)
-    env.close()
-    batch = {k: (np.asarray(v)[None, None].repeat(policy.n_obs_steps, 1) if k not in ("instruction", "task")
-                 else [v]) for k, v in obs.items() if k in ("state", "instruction", "task")}
+    batch = reach_batch(policy)
     zeros = np.zeros((1, *policy.noise_shape), np.float32)
     np.testing.assert_array_equal(RowwisePolicy(policy, noise_scale=0).predict_chunk(batch),
                                   RowwisePolicy(policy).predict_chunk(batch, zeros))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from embodied.core.registry import resolve_tasks
 from embodied.runtime.checkpoints import load_for_eval, load_remote, policy_env_kwargs
 from embodied.runtime.distributed import PolicySource, evaluate_sharded, ray_options
 from embodied.runtime.evaluate import (
+    check_noise_scale,
     evaluate,
     pct,
     save_videos,
@@ -127,9 +127,7 @@ class EvalConfig:
             check_wordings(f"instructions.{task}", words)
         if self.swap_instructions and (self.instructions or self.instructions_file):
             raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
-        if not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
-            raise ValueError(f"noise_scale must be a finite number >= 0 (1: the trained N(0, I) noise, 0: the zero "
-                             f"noise), got {self.noise_scale}")
+        check_noise_scale(self.noise_scale)
         if not 1 <= self.noise_streams <= 1000:
             raise ValueError(f"noise_streams must be in [1, 1000], got {self.noise_streams}")
         if self.noise_streams > 1:

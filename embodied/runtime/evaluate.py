@@ -206,6 +206,13 @@ def noise_stream_summary(streams: Sequence[Mapping[str, Sequence[EpisodeResult]]
     return out
 
 
+def check_noise_scale(value: float) -> None:
+    """Refuse a ``noise_scale`` that is not a finite number >= 0."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"noise_scale must be a finite number >= 0 (1: the trained N(0, I) noise, 0: the zero "
+                         f"noise), got {value}")
+
+
 class RowwisePolicy(PolicyWrapper):
     """``policy`` run one batch row at a time, with each row's initial noise drawn from that row.
 
@@ -228,9 +235,7 @@ class RowwisePolicy(PolicyWrapper):
 
     def __init__(self, policy: Policy, noise_stream: int = 0, noise_scale: float = 1.0):
         super().__init__(policy)
-        if not (math.isfinite(noise_scale) and noise_scale >= 0):
-            raise ValueError(f"noise_scale must be a finite number >= 0 (1: the trained N(0, I) noise, 0: the zero "
-                             f"noise), got {noise_scale}")
+        check_noise_scale(noise_scale)
         self.noise_stream, self.noise_scale = noise_stream, float(noise_scale)
         inner = policy.unwrapped
         self.noise_shape = getattr(inner, "noise_shape", None) if getattr(inner, "generative", True) else None
