@@ -229,6 +229,24 @@ def test_each_connection_keeps_its_own_history_noise_and_episode():
     assert not np.array_equal(mixed[0][0], mixed[0][1])  # each request drew new noise from its own stream
 
 
+def test_the_servers_own_noise_is_scaled_by_the_policys_noise_scale():
+    """With noise_seed, the server draws each request's noise itself: scaled by the metadata's
+    noise_scale (the checkpoint's policy.noise_scale), so 0 serves the zero-noise chunk."""
+    policy = RowsPolicy()
+    obs = _obs(3)
+    zero = policy.predict_chunk(obs, np.zeros((1, H, DA), np.float32))
+    got = {}
+    for scale in (0.0, 1.0):
+        with PolicyServer(policy, metadata={**_meta(policy), "noise_scale": scale}, noise_seed=7) as srv:
+            client = RemotePolicy(srv.url, timeout_s=10)
+            assert client.metadata["noise_scale"] == scale
+            got[scale] = client.predict_chunk(obs)
+            client.close()
+    np.testing.assert_array_equal(got[0.0], zero)
+    assert not np.allclose(got[1.0], zero)
+    assert _meta(policy)["noise_scale"] == 1.0  # a generative policy without the setting draws N(0, I)
+
+
 def test_a_bad_row_in_a_shared_pass_fails_only_its_client():
     policy = RowsPolicy()
     good = [_obs(k) for k in range(4)]

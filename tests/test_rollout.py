@@ -150,12 +150,59 @@ def test_noise_scale_multiplies_the_drawn_noise_and_reaches_the_workers(tmp_path
     assert rets[0, 1] == rets[0, 2]  # the workers drew the same zero noise
     assert rets[0, 1] != rets[1, 1]
 
+    # a checkpoint trained with policy.noise_scale=0 (the same weights): eval, its workers and
+    # predict_chunk play the zero noise unless told otherwise
+    zero_ckpt = reach_checkpoint(tmp_path / "ckpt0", config={"noise_scale": 0.0})
+    own = load_for_eval(str(zero_ckpt), "cpu")
+    assert own.noise_scale == 0.0
+    np.testing.assert_array_equal(own.predict_chunk(batch), own.predict_chunk(batch, zeros))
+    np.testing.assert_array_equal(RowwisePolicy(own).predict_chunk(batch), RowwisePolicy(policy, noise_scale=0)
+                                  .predict_chunk(batch))
+    np.testing.assert_array_equal(RowwisePolicy(own, noise_scale=1).predict_chunk(batch), rowwise.predict_chunk(batch))
+    run = tmp_path / "eval_own"
+    r = run_cli(["eval", f"checkpoint={zero_ckpt}", "tasks=[reach]", "episodes=2", "videos=0", "progress=false",
+                 "workers=2", f"hydra.run.dir={run}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["noise_scale"] == 0.0 and m["per_task"]["reach"]["mean_return"] == rets[0, 1]
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf"), True, "x"])
+def test_a_policys_noise_scale_refuses_what_is_not_a_scale(value):
+    from policies.flow.config import FlowConfig
+
+    with pytest.raises(ValueError, match="noise_scale=.* is not allowed: must be a finite number >= 0"):
+        FlowConfig(noise_scale=value)
+
+
+def test_noise_scale_is_an_inference_setting_of_flow_and_diffusion_policies_only(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny import reach_checkpoint
+
+    from embodied.runtime.checkpoints import load_for_eval
+    from embodied.runtime.serve import load_served
+
+    diffusion = load_for_eval(str(reach_checkpoint(tmp_path / "d", "diffusion", config={"noise_scale": 0.5})), "cpu")
+    assert diffusion.noise_scale == 0.5
+    diffusion.noise_scale = 0
+    assert diffusion.config.noise_scale == 0.0
+    with pytest.raises(ValueError, match="noise_scale=-1 is not allowed"):
+        diffusion.noise_scale = -1
+    mlp = reach_checkpoint(tmp_path / "m", "mlp")
+    with pytest.raises(ValueError, match="noise_scale has no effect on a 'mlp' policy"):
+        load_for_eval(str(mlp), "cpu").noise_scale = 0
+    served, meta = load_served(str(reach_checkpoint(tmp_path / "f")), "cpu", noise_scale=0)
+    assert served.noise_scale == 0.0 and meta["noise_scale"] == 0.0
+
 
 @pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf")])
 def test_noise_scale_refuses_what_is_not_a_scale(tmp_path, value):
     from embodied.runtime.eval_job import EvalConfig
 
-    with pytest.raises(ValueError, match="noise_scale must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="noise_scale=.* is not allowed: must be a finite number >= 0"):
         EvalConfig(tasks=["reach"], noise_scale=value)
 
 

@@ -12,9 +12,10 @@ TINY_FLOW = {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "state_hidden"
              "warmup_steps": 0, "hidden": 64, "n_layers": 2, "time_emb_dim": 16, "num_inference_steps": 3}
 
 
-def reach_checkpoint(path: Path, family: str = "flow", tasks: tuple[str, ...] = ("reach",)) -> Path:
+def reach_checkpoint(path: Path, family: str = "flow", tasks: tuple[str, ...] = ("reach",),
+                     config: dict | None = None) -> Path:
     """An untrained ``family`` policy for ``reach`` (or ``tasks`` of reach's suite), saved at
-    ``path`` (unit stats, seed 0)."""
+    ``path`` (unit stats, seed 0; the same weights whatever ``config`` adds to TINY_FLOW)."""
     import embodied
     from policies import make_policy, save_policy
 
@@ -25,5 +26,6 @@ def reach_checkpoint(path: Path, family: str = "flow", tasks: tuple[str, ...] = 
     stats = {"state": {"mean": np.zeros(ds), "std": np.ones(ds), "min": -np.ones(ds), "max": np.ones(ds)},
              "action": {"mean": np.zeros(da), "std": np.ones(da), "min": -np.ones(da), "max": np.ones(da)}}
     cfg = {k: v for k, v in TINY_FLOW.items() if family == "flow" or k not in ("time_emb_dim", "num_inference_steps")}
+    cfg.update(config or {})
     torch.manual_seed(0)
     return save_policy(make_policy(family, cfg, obs_spec, act_spec, stats, list(tasks), device="cpu"), path)

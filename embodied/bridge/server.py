@@ -71,6 +71,8 @@ def policy_metadata(policy: Policy, **extra: Any) -> dict[str, Any]:
     meta.setdefault("cameras", [])
     meta.setdefault("image_size", 0)
     meta["noise_shape"] = [meta["horizon"], meta["action_dim"]] if meta["generative"] else None
+    # the factor on the N(0, I) noise drawn for a request that sends none (policy.noise_scale)
+    meta.setdefault("noise_scale", float(getattr(inner, "noise_scale", 1.0)) if meta["generative"] else None)
     return meta
 
 
@@ -136,6 +138,8 @@ class PolicyServer:
         self.send_timeout_s = float(send_timeout_s)
         shape = self.metadata.get("noise_shape")
         self._noise_shape = tuple(shape) if self.metadata.get("generative", True) and shape else None
+        scale = self.metadata.get("noise_scale")
+        self._noise_scale = 1.0 if scale is None else float(scale)
         self._lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._ids = 0
@@ -267,7 +271,7 @@ class PolicyServer:
         b = len(req.batch["instruction"])
         noise = req.noise
         if noise is None and session.rng is not None and self._noise_shape is not None:
-            noise = session.rng.standard_normal((b, *self._noise_shape)).astype(np.float32)
+            noise = (session.rng.standard_normal((b, *self._noise_shape)) * self._noise_scale).astype(np.float32)
         chunk, timing = self._infer(req.batch, noise, b, conn)
         session.requests += 1
         self._count("requests")

@@ -361,7 +361,7 @@ class PolicySource:
     device: str = "auto"
     num_inference_steps: int = 0
     ground_instructions: bool | None = None  # None: the checkpoint's setting
-    noise_scale: float = 1.0  # factor on the initial noise (RowwisePolicy)
+    noise_scale: float | None = None  # factor on the initial noise (RowwisePolicy); None: the checkpoint's
 
     def load(self) -> Policy | str:
         """``"expert"``, or the checkpoint's policy wrapped in ``RowwisePolicy``.

@@ -70,7 +70,9 @@ class EvalConfig:
     instructions_file: str = ""  # YAML/JSON file mapping task -> list of templates
     swap_instructions: bool = False  # also evaluate each task with another task's instructions
     noise_streams: int = 1  # > 1: play every seed with this many initial-noise streams; reports pass@k
-    noise_scale: float = 1.0  # factor on a flow/diffusion policy's initial noise (0: always the zero noise, its mode)
+    # factor on a flow/diffusion policy's initial noise (1: N(0, I); 0: always the zero noise, its mode);
+    # null: the checkpoint's own setting (policy.noise_scale at training)
+    noise_scale: Optional[float] = None
     seed: int = 100_000  # evaluation seeds are disjoint from collection seeds
     num_envs: int = 8
     vector: str = "auto"  # auto: async (worker processes) for pixels, sync for state
@@ -127,7 +129,8 @@ class EvalConfig:
             check_wordings(f"instructions.{task}", words)
         if self.swap_instructions and (self.instructions or self.instructions_file):
             raise ValueError("swap_instructions=true replaces custom instructions: give one or the other")
-        check_noise_scale(self.noise_scale)
+        if self.noise_scale is not None:
+            check_noise_scale(self.noise_scale)
         if not 1 <= self.noise_streams <= 1000:
             raise ValueError(f"noise_streams must be in [1, 1000], got {self.noise_streams}")
         if self.noise_streams > 1:
@@ -334,7 +337,6 @@ def run_eval(cfg: EvalConfig, out: Path, policy: Any = None) -> dict[str, Any]:
     videos = save_videos(out, results) if cfg.videos else {}
     metrics["videos"] = videos
     metrics["policy"] = cfg.checkpoint or cfg.url or cfg.policy["name"]
-    metrics["noise_scale"] = cfg.noise_scale
     write_json(out / "metrics.json", metrics)
     write_report(out, metrics, f"Evaluation of {metrics['policy']}", videos)
     return metrics
@@ -377,8 +379,9 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
         policy = "expert"
     else:
         env_kwargs = policy_env_kwargs(policy, tasks)
-    if cfg.noise_scale != 1.0 and (policy == "expert" or cfg.url or getattr(policy.unwrapped, "noise_shape", None) is None
-                                   or not getattr(policy.unwrapped, "generative", True)):
+    draws_noise = policy != "expert" and not cfg.url and getattr(policy.unwrapped, "noise_shape", None) is not None \
+        and getattr(policy.unwrapped, "generative", True)
+    if cfg.noise_scale is not None and not draws_noise:
         raise ValueError(f"noise_scale={cfg.noise_scale} has no effect here: only a flow or diffusion checkpoint "
                          "evaluated in this process or its workers draws initial noise (not the experts, a server "
                          "or an MLP policy)")
@@ -389,12 +392,17 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
         if not checkpoint and policy != "expert":
             raise ValueError(f"{'runner=ray' if cfg.runner == 'ray' else f'workers={workers}'} loads the policy "
                              "on each worker from checkpoint=PATH; this policy has none")
-        return evaluate_sharded(PolicySource(checkpoint, cfg.device, cfg.num_inference_steps,
-                                             cfg.ground_instructions, cfg.noise_scale), tasks,
-                                cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector, env_kwargs,
-                                instructions, videos, cfg.progress, ray_options(cfg), workers=workers)
-    return evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
-                    env_kwargs, instructions, videos, cfg.progress, noise_scale=cfg.noise_scale)
+        source = PolicySource(checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions, cfg.noise_scale)
+        metrics, results = evaluate_sharded(source, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
+                                            env_kwargs, instructions, videos, cfg.progress, ray_options(cfg),
+                                            workers=workers)
+    else:
+        metrics, results = evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
+                                    env_kwargs, instructions, videos, cfg.progress, noise_scale=cfg.noise_scale)
+    # the factor the episodes were played with: this run's, else the checkpoint's (None: no noise drawn)
+    metrics["noise_scale"] = None if not draws_noise else (
+        cfg.noise_scale if cfg.noise_scale is not None else getattr(policy.unwrapped, "noise_scale", 1.0))
+    return metrics, results
 
 
 def _noise_streams(cfg: EvalConfig, tasks: list[str], instructions: dict[str, list[str]],

@@ -24,6 +24,7 @@ from embodied.core.files import write_json  # noqa: F401  (re-exported: the comm
 from embodied.core.policy import Episode, Policy, PolicyWrapper, batch_row
 from embodied.core.registry import get_task, make_env
 from embodied.runtime.rollout import VIDEO_FPS, EpisodeResult, run_episodes, wilson_interval
+from policies.common.config import check_noise_scale
 
 SPLITS = ("train", "heldout")
 
@@ -65,7 +66,7 @@ def evaluate(
     videos: int = 0,
     progress: bool = True,
     noise_stream: int = 0,
-    noise_scale: float = 1.0,
+    noise_scale: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, list[EpisodeResult]]]:
     """Evaluate ``policy`` on each task and instruction split.
 
@@ -85,7 +86,7 @@ def evaluate(
         noise_stream: which stream of per-observation initial noise a generative policy gets
             (``RowwisePolicy``); 0 is the stream every other evaluation uses.
         noise_scale: factor on that initial noise (1: N(0, I) as trained; 0: always the
-            zero noise, the flow's mode).
+            zero noise, the flow's mode); None: the policy's own ``noise_scale``.
 
     Returns:
         (metrics, results) where metrics has ``success_rate`` (mean over tasks, train
@@ -98,7 +99,7 @@ def evaluate(
     env_kwargs = dict(env_kwargs or {})
     if isinstance(policy, Policy) and not isinstance(policy, RowwisePolicy):
         policy = RowwisePolicy(policy, noise_stream, noise_scale)
-    elif isinstance(policy, RowwisePolicy) and (noise_stream, noise_scale) != (0, 1.0):
+    elif isinstance(policy, RowwisePolicy) and (noise_stream, noise_scale) != (0, None):
         policy = RowwisePolicy(policy.policy, noise_stream, noise_scale)
     t0 = time.time()
     bar = tqdm(total=len(runs) * episodes, desc="eval", unit="ep", disable=not progress, leave=False)
@@ -206,13 +207,6 @@ def noise_stream_summary(streams: Sequence[Mapping[str, Sequence[EpisodeResult]]
     return out
 
 
-def check_noise_scale(value: float) -> None:
-    """Refuse a ``noise_scale`` that is not a finite number >= 0."""
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"noise_scale must be a finite number >= 0 (1: the trained N(0, I) noise, 0: the zero "
-                         f"noise), got {value}")
-
-
 class RowwisePolicy(PolicyWrapper):
     """``policy`` run one batch row at a time, with each row's initial noise drawn from that row.
 
@@ -224,7 +218,8 @@ class RowwisePolicy(PolicyWrapper):
     when no ``noise`` is given, a generative policy gets (1, H, Da) N(0, I) noise from a
     generator seeded with a hash of (``policy.config.seed``, the row's observation history,
     instruction and task) -- the same hashing idea as the diffusion policy's ddpm sampler.
-    ``noise_scale`` multiplies that drawn noise (0: the zero noise, the flow's mode).
+    ``noise_scale`` multiplies that drawn noise (0: the zero noise, the flow's mode; None: the
+    policy's own ``noise_scale``, as its ``predict_chunk`` would use).
     Explicit ``noise`` (steering) is passed through unscaled, row by row. A torch policy whose
     ``batches_rows`` is true computes the rows as one batch with ``predict_rows``, which
     gives each row bitwise what it gives alone, for less time per row than a loop; others
@@ -233,11 +228,13 @@ class RowwisePolicy(PolicyWrapper):
     has one CPU where this process may have many.
     """
 
-    def __init__(self, policy: Policy, noise_stream: int = 0, noise_scale: float = 1.0):
+    def __init__(self, policy: Policy, noise_stream: int = 0, noise_scale: float | None = None):
         super().__init__(policy)
+        inner = policy.unwrapped
+        if noise_scale is None:
+            noise_scale = getattr(inner, "noise_scale", 1.0)
         check_noise_scale(noise_scale)
         self.noise_stream, self.noise_scale = noise_stream, float(noise_scale)
-        inner = policy.unwrapped
         self.noise_shape = getattr(inner, "noise_shape", None) if getattr(inner, "generative", True) else None
         self.seed = int(getattr(getattr(inner, "config", None), "seed", 0))
         # stream k > 0 hashes (seed, k): another draw of every row's noise, as reproducible as stream 0

@@ -45,6 +45,7 @@ class ServeConfig:
     api_key_env: str = ""  # name of an environment variable holding the key (keeps it off the command line)
     device: str = "auto"
     num_inference_steps: int = 0  # 0: the checkpoint's setting
+    noise_scale: Optional[float] = None  # factor on the initial noise drawn per request (null: the checkpoint's)
     ground_instructions: Optional[bool] = None  # null: the checkpoint's setting
     max_message_mb: float = 64.0  # larger requests get an error frame
     rowwise_noise: bool = True  # requests without noise: embodied eval's per-observation noise; false: the
@@ -70,6 +71,10 @@ class ServeConfig:
 
         check_batching(self.max_batch, self.max_wait_ms)
         from policies.common.base import FROZEN_RUNTIMES
+        from policies.common.config import check_noise_scale
+
+        if self.noise_scale is not None:
+            check_noise_scale(self.noise_scale)
 
         if self.runtime not in FROZEN_RUNTIMES:
             raise ValueError(f"runtime must be one of {FROZEN_RUNTIMES}, got {self.runtime!r}")
@@ -78,11 +83,13 @@ class ServeConfig:
 
 
 def load_served(checkpoint: str, device: str = "auto", num_inference_steps: int = 0,
-                ground_instructions: bool | None = None, runtime: str = "torchscript") -> tuple[Any, dict[str, Any]]:
+                ground_instructions: bool | None = None, runtime: str = "torchscript",
+                noise_scale: float | None = None) -> tuple[Any, dict[str, Any]]:
     """(the policy as served, its metadata frame), warmed up: ``RowwisePolicy`` over the checkpoint's
     policy, so each request's rows are computed as if alone, batched with others or not. ``runtime``
     runs one-row chunks (``TorchPolicy.freeze_for_inference``); ``onnxruntime`` is refused for a
-    policy it cannot run."""
+    policy it cannot run. ``noise_scale`` (None: the checkpoint's) scales the initial noise drawn
+    for requests that send none."""
     from embodied.bridge.server import policy_metadata
     from embodied.runtime.checkpoints import load_for_eval
     from embodied.runtime.evaluate import RowwisePolicy
@@ -91,6 +98,8 @@ def load_served(checkpoint: str, device: str = "auto", num_inference_steps: int 
 
     torch.set_num_threads(1)  # rows run on one thread (RowwisePolicy): switching per request costs more than it saves
     policy = load_for_eval(checkpoint, device, num_inference_steps, ground_instructions)
+    if noise_scale is not None:
+        policy.unwrapped.noise_scale = noise_scale  # refused for a policy that draws no noise
     if runtime != "torchscript":
         freeze = getattr(policy.unwrapped, "freeze_for_inference", None)
         if freeze is None or not freeze(runtime):
@@ -112,7 +121,7 @@ def serve_checkpoint(cfg: ServeConfig, out: Any) -> dict[str, Any]:
     from embodied.core.files import write_json
 
     served, meta = load_served(cfg.checkpoint, cfg.device, cfg.num_inference_steps, cfg.ground_instructions,
-                               cfg.runtime)
+                               cfg.runtime, cfg.noise_scale)
     api_key = os.environ[cfg.api_key_env] if cfg.api_key_env else cfg.api_key
     server = PolicyServer(served, cfg.host, cfg.port, metadata=meta, api_key=api_key or None,
                           max_message_bytes=int(cfg.max_message_mb * 2**20), key_map=cfg.key_map,

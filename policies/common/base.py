@@ -34,7 +34,7 @@ from torch import nn
 from embodied.core.errors import SpecMismatchError
 from embodied.core.policy import Policy, batch_row
 from embodied.core.specs import ActionSpec, ObservationSpec, check_compatible
-from policies.common.config import PolicyConfig
+from policies.common.config import PolicyConfig, check_noise_scale
 from policies.common.ema import EMA
 from policies.common.encoders import ObsEncoder, TextPool
 from policies.common.nets import row_invariant
@@ -205,9 +205,25 @@ class TorchPolicy(Policy, nn.Module):
             raise TypeError(f"{key} must be uint8 (0..255), got {img.dtype}")
         return img.to(self.device)
 
+    @property
+    def noise_scale(self) -> float:
+        """Factor on the initial noise drawn when none is given (``config.noise_scale``; 1
+        for a family whose config has none)."""
+        return float(getattr(self.config, "noise_scale", 1.0))
+
+    @noise_scale.setter
+    def noise_scale(self, value: float) -> None:
+        if not hasattr(self.config, "noise_scale"):
+            raise ValueError(f"noise_scale has no effect on a {self.name!r} policy: only flow and diffusion "
+                             "policies draw initial noise")
+        check_noise_scale(value)
+        self.config.noise_scale = float(value)
+
     def _read_noise(self, noise: Any, b: int) -> torch.Tensor:
         if noise is None:
-            return torch.randn((b, *self.noise_shape), generator=self._generator).to(self.device)
+            drawn = torch.randn((b, *self.noise_shape), generator=self._generator)
+            scale = self.noise_scale
+            return (drawn if scale == 1.0 else drawn * scale).to(self.device)
         t = _as_tensor(noise, "noise")
         _check_shape(t, "noise", (b, *self.noise_shape), "B,H,Da")
         t = t.to(self.device, torch.float32)

@@ -8,6 +8,7 @@ the field, the value received and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -35,6 +36,14 @@ def check_float(name: str, value: Any, low: float, high: float | None = None, lo
         lo = f"> {low}" if low_open else f">= {low}"
         hi = "" if high is None else f" and <= {high}"
         raise ValueError(f"{name}={value!r} is not allowed: must be a number {lo}{hi}")
+
+
+def check_noise_scale(value: Any) -> None:
+    """Raise ValueError unless value is a finite number >= 0 (a factor on N(0, I) noise)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise ValueError(f"noise_scale={value!r} is not allowed: must be a finite number >= 0 (1: the trained "
+                         "N(0, I) noise, 0: the zero noise)")
 
 
 IMAGE_ACTIVATIONS = ("silu", "relu", "mish")
@@ -200,6 +209,11 @@ class DenoiserConfig(PolicyConfig):
         n_groups: GroupNorm groups of the U-Net (must divide every entry of down_dims).
         num_inference_steps: denoising / integration steps at inference; can be changed
             after loading (``policy.num_inference_steps = 4``).
+        noise_scale: factor on the initial noise the policy draws at inference when it is given
+            none (1: N(0, I), the noise it was trained from; 0: always the zero noise, the
+            flow's mode); noise passed in (steering's) is used as given. An inference
+            setting: it does not change training, and can be changed after loading
+            (``policy.noise_scale = 0``).
     """
 
     net: str = "mlp"
@@ -210,10 +224,12 @@ class DenoiserConfig(PolicyConfig):
     kernel_size: int = 5
     n_groups: int = 8
     num_inference_steps: int = 10
+    noise_scale: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("net", self.net, DENOISER_NETS)
+        check_noise_scale(self.noise_scale)
         check_int("hidden", self.hidden, 1)
         check_int("n_layers", self.n_layers, 1)
         check_int("time_emb_dim", self.time_emb_dim, 2)
