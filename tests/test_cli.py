@@ -147,6 +147,8 @@ def test_train_eval_play_resume(tmp_path):
     for key in ("success_rate", "heldout_paraphrase_success_rate", "per_task", "wall_time_s", "success_curve"):
         assert key in m
     assert m["train_threads"] >= 1 and m["precision"] == "fp32"  # what the figures depend on, recorded
+    # the flow recipe's checkpoint plays the zero initial noise: in train's evaluation and saved for eval/serve
+    assert m["noise_scale"] == 0.0 and json.loads((run / "checkpoint/config.json").read_text())["config"]["noise_scale"] == 0.0
     assert set(m["per_task"]) == {"reach", "press-button"} and "workers" not in m  # 8 episodes: this process
     for f in ("checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/grounding.npz", "report.md",
               "training_curve.png", "success.png"):
@@ -162,7 +164,8 @@ def test_train_eval_play_resume(tmp_path):
     # the checkpoint evaluates (here without grounding) and plays
     embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach]", "episodes=2", "num_envs=2",
              "ground_instructions=false", f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)
-    assert "grounded_episodes" not in json.loads((tmp_path / "eval/metrics.json").read_text())["per_task"]["reach"]["heldout"]
+    m = json.loads((tmp_path / "eval/metrics.json").read_text())
+    assert "grounded_episodes" not in m["per_task"]["reach"]["heldout"] and m["noise_scale"] == 0.0
     embodied("play", f"checkpoint={run}/checkpoint", "task=reach", "instruction=hover above the green cube",
              f"hydra.run.dir={tmp_path}/play", cwd=tmp_path)
     m = json.loads((tmp_path / "play/metrics.json").read_text())
