@@ -8,6 +8,7 @@ mismatch, bad configs and bad inputs.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,8 +80,12 @@ def test_every_family_composes_through_hydra_and_builds(name):
     assert cfg.policy["name"] == name
     policy = make_policy(name, cfg.policy, OBS_SPEC, ACTION_SPEC, STATS, TASKS, device="cpu")
     assert isinstance(policy, policy_class(name))
-    # the fields given took effect, the others are the family's defaults
-    want = dataclasses.replace(config_class(name)(), **tiny)
+    # the fields given took effect, the others are the family's defaults or its recipe's (recipe/policy/<family>.yaml)
+    import yaml
+
+    recipe = Path(__file__).parents[1] / "configs/recipe/policy" / f"{name}.yaml"
+    recipe_policy = (yaml.safe_load(recipe.read_text()) or {}).get("policy", {}) if recipe.exists() else {}
+    want = dataclasses.replace(config_class(name)(), **{**recipe_policy, **tiny})
     assert policy.config == want
     assert policy.predict_chunk(obs_batch(2), noise(2)).shape == (2, H, DA)
 
