@@ -378,6 +378,38 @@ def sigint_disposition(pid: int) -> str:
     return ", ".join(f"{k}={'yes' if m & bit else 'no'}" for k, m in masks.items())
 
 
+def test_ctrl_c_inside_a_zip_write_comes_out_as_an_interrupt_and_leaves_no_file(tmp_path):
+    """np.savez writes through zipfile, whose clean-up raises ValueError when Ctrl-C lands between
+    its writes; atomic_write hands the interrupt on (so a command exits 130, not with that error)."""
+    import contextlib
+    import zipfile
+
+    from embodied.core.files import atomic_write
+
+    left: list = []
+
+    def interrupted_savez(f):
+        with zipfile.ZipFile(f, "w") as z:
+            handle = z.open("state.npy", "w")
+            left.extend([handle, z])
+            handle.write(b"half an array")
+            raise KeyboardInterrupt  # Ctrl-C while an entry is open
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        atomic_write(tmp_path / "ep.npz", interrupted_savez)
+    assert "Can't close the ZIP file" in str(caught.value.__cause__)  # what it would have been
+    assert list(tmp_path.iterdir()) == []  # neither the episode nor its temporary file
+    for part in left:  # their file is closed: shut them here, not in the garbage collector
+        with contextlib.suppress(ValueError, OSError):
+            part.close()
+
+    def broken(f):
+        raise ValueError("not an interrupt")
+
+    with pytest.raises(ValueError, match="not an interrupt"):  # other errors pass unchanged
+        atomic_write(tmp_path / "ep.npz", broken)
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_collect_says_what_was_kept_and_exits_130(tmp_path):
     code, out = interrupt(["collect", "tasks=[reach]", "episodes=100000", f"out={tmp_path}/ds", "progress=false",

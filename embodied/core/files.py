@@ -25,7 +25,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
     """Write ``path`` by ``write(f)`` into ``<path>.tmp-<pid>``, fsync, then rename it into place.
 
     The temporary name carries the writer's pid, so a reader can tell a dead writer's
-    leftover from a live one's file in progress.
+    leftover from a live one's file in progress. A Ctrl-C that lands inside ``write`` comes
+    out as ``KeyboardInterrupt`` even where the writer's own clean-up fails because of it
+    (``zipfile``, under ``np.savez``, raises "Can't close the ZIP file ..." on the way out).
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
@@ -35,10 +37,24 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if not isinstance(e, KeyboardInterrupt) and _caused_by_interrupt(e):
+            raise KeyboardInterrupt from e
         raise
     fsync_dir(path.parent)
+
+
+def _caused_by_interrupt(error: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the chain of exceptions ``error`` was raised during."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
