@@ -33,6 +33,7 @@ from embodied.runtime.checkpoints import load_for_eval, load_remote, policy_env_
 from embodied.runtime.distributed import PolicySource, evaluate_sharded, ray_options
 from embodied.runtime.evaluate import (
     check_noise_scale,
+    drawn_noise_scale,
     evaluate,
     pct,
     save_videos,
@@ -379,9 +380,9 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
         policy = "expert"
     else:
         env_kwargs = policy_env_kwargs(policy, tasks)
-    draws_noise = policy != "expert" and not cfg.url and getattr(policy.unwrapped, "noise_shape", None) is not None \
-        and getattr(policy.unwrapped, "generative", True)
-    if cfg.noise_scale is not None and not draws_noise:
+    # the factor the episodes are played with: this run's, else the checkpoint's (None: no noise drawn here)
+    played = None if policy == "expert" or cfg.url else drawn_noise_scale(policy, cfg.noise_scale)
+    if cfg.noise_scale is not None and played is None:
         raise ValueError(f"noise_scale={cfg.noise_scale} has no effect here: only a flow or diffusion checkpoint "
                          "evaluated in this process or its workers draws initial noise (not the experts, a server "
                          "or an MLP policy)")
@@ -399,9 +400,7 @@ def _evaluate_one(cfg: EvalConfig, tasks: list[str], instructions: dict[str, lis
     else:
         metrics, results = evaluate(policy, tasks, cfg.episodes, cfg.splits, cfg.seed, cfg.num_envs, vector,
                                     env_kwargs, instructions, videos, cfg.progress, noise_scale=cfg.noise_scale)
-    # the factor the episodes were played with: this run's, else the checkpoint's (None: no noise drawn)
-    metrics["noise_scale"] = None if not draws_noise else (
-        cfg.noise_scale if cfg.noise_scale is not None else getattr(policy.unwrapped, "noise_scale", 1.0))
+    metrics["noise_scale"] = played
     return metrics, results
 
 

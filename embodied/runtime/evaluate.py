@@ -206,6 +206,15 @@ def noise_stream_summary(streams: Sequence[Mapping[str, Sequence[EpisodeResult]]
     return out
 
 
+def drawn_noise_scale(policy: Policy, override: float | None = None) -> float | None:
+    """The factor on the initial noise ``policy`` plays with: ``override``, else the policy's own
+    ``noise_scale``; None for a policy that draws no noise (an MLP, the experts)."""
+    inner = policy.unwrapped
+    if getattr(inner, "noise_shape", None) is None or not getattr(inner, "generative", True):
+        return None
+    return float(override if override is not None else getattr(inner, "noise_scale", 1.0))
+
+
 class RowwisePolicy(PolicyWrapper):
     """``policy`` run one batch row at a time, with each row's initial noise drawn from that row.
 

@@ -647,7 +647,7 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
     from tqdm.auto import tqdm
 
     from embodied.runtime.checkpoints import env_kwargs
-    from embodied.runtime.evaluate import evaluate, save_videos, write_report
+    from embodied.runtime.evaluate import drawn_noise_scale, evaluate, save_videos, write_report
     from policies import load_policy, make_config, make_policy
 
     t_start = time.time()
@@ -815,8 +815,7 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,
         "streamed": batcher.streamed, "train_peak_rss_mb": train_peak_rss_mb, "train_threads": train_threads,
         "precision": cfg.precision, "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
-        # the factor on the initial noise the evaluation drew (policy.noise_scale; None: an MLP draws none)
-        "noise_scale": deployed.unwrapped.noise_scale if getattr(deployed.unwrapped, "generative", True) else None,
+        "noise_scale": drawn_noise_scale(deployed),  # the evaluation's factor on the initial noise (policy.noise_scale)
     })
     write_json(out / "metrics.json", metrics)
     write_report(out, metrics, f"{name} policy on {cfg.suite} ({cfg.obs_mode})", videos)
