@@ -226,8 +226,12 @@ class ControlLoop:
         self.hold_log: deque[tuple[float, str]] = deque(maxlen=256)  # (monotonic time, reason) of each hold start
 
     # ---------------------------------------------------------------- robot commands
-    def _send(self, action: np.ndarray) -> np.ndarray:
+    def _send(self, action: np.ndarray) -> np.ndarray | None:
+        """Send a policy action; None (nothing sent) when the policy server's connection is lost by now."""
         with self._send_lock:
+            if self._connection_lost():  # checked under the lock the watchdog's hold also takes
+                return None
+            self._hold_action = None
             sent = np.asarray(self.robot.send_action(action), np.float32)
             self._last_command = time.monotonic()
             self._last_sent = sent
@@ -241,18 +245,25 @@ class ControlLoop:
             if report is not None:
                 report.events[f"hold:{reason.split(':')[0]}"] += 1
 
-    def hold_now(self, reason: str) -> None:
+    def hold_now(self, reason: str, report: EpisodeReport | None = None) -> None:
         """Put the robot in its safe state at once (from any thread)."""
         with self._send_lock:
-            self._begin_hold(reason, None)
+            self._begin_hold(reason, report)
             assert self._hold_action is not None
-            self.robot.send_action(self._hold_action)
+            self._last_sent = np.asarray(self.robot.send_action(self._hold_action), np.float32)
             self._last_command = time.monotonic()
 
-    def _watchdog(self, stop: threading.Event) -> None:
+    def _watchdog(self, stop: threading.Event, report: EpisodeReport) -> None:
+        """Every quarter period: hold the robot when the policy server's connection is lost (without
+        waiting for the loop's next tick), or when no command was sent for ``watchdog_periods``."""
         limit = self.config.watchdog_periods * self.period
         while not stop.wait(self.period / 4):
-            if time.monotonic() - self._last_command > limit:
+            if self._hold_action is None and self._connection_lost():
+                try:
+                    self.hold_now("policy server connection lost", report)
+                except Exception as e:
+                    log.error("watchdog could not command the robot: %s", e)
+            elif time.monotonic() - self._last_command > limit:
                 self._watchdog_trips += 1
                 try:
                     self.hold_now(f"watchdog: no command for {limit * 1000:.0f} ms")
@@ -311,7 +322,7 @@ class ControlLoop:
         stop_watchdog = threading.Event()
         if self.period > 0:
             self._last_command = time.monotonic()
-            threading.Thread(target=self._watchdog, args=(stop_watchdog,), name="watchdog", daemon=True).start()
+            threading.Thread(target=self._watchdog, args=(stop_watchdog, report), name="watchdog", daemon=True).start()
         next_tick = time.monotonic()
         last_tick: float | None = None
         try:
@@ -400,17 +411,22 @@ class ControlLoop:
             if safe is None:
                 reason = f"refused: {kinds[0]}"
             else:
-                self._hold_action = None
                 try:
                     sent = self._send(safe)
                 except RobotCommunicationError as e:
                     report.events["robot_comm_errors"] += 1
                     self._comm_hold(f"robot link: {e}", report)
                     return
+                if sent is None:  # the server went away since the check above
+                    schedule.clear()
+                    return self._hold_step(obs, "policy server connection lost", report, t)
                 if kinds or not np.array_equal(sent, wanted):
                     report.interventions += 1
                 self._after_step(obs, wanted, sent, {"step": t, "interventions": kinds}, report, tick)
                 return
+        self._hold_step(obs, reason, report, t)
+
+    def _hold_step(self, obs: Mapping[str, Any], reason: str, report: EpisodeReport, t: int) -> None:
         try:
             self._step_hold(obs, reason, report, t)
         except RobotCommunicationError as e:
