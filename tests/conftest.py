@@ -25,3 +25,26 @@ def pytest_collection_modifyitems(config, items):
     """The end-to-end runs (``slow``) first: under xdist a long test that starts last keeps one worker busy
     while the other has nothing left to take. The order within each group is kept."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def built_once(tmp_path_factory, name: str, build):
+    """``build(folder) -> dict`` (JSON) run once per test session, whichever xdist worker asks first.
+
+    A module-scoped fixture runs once in each worker that takes one of its module's tests; for a
+    fixture that launches training runs, the second worker would repeat minutes of work. Here the
+    first worker builds into a folder shared by all workers (under a file lock) and the others
+    wait for it and read what it returned.
+    """
+    import json
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder, done = root / f"built-{name}", root / f"built-{name}.json"
+    with FileLock(str(root / f"built-{name}.lock")):
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            done.write_text(json.dumps(build(folder)))
+    return folder, json.loads(done.read_text())

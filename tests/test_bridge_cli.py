@@ -152,7 +152,7 @@ def test_serve_batches_stops_by_itself_and_writes_its_metrics(tiny_checkpoint, t
 
     out = tmp_path / "serve"
     proc = subprocess.Popen([sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={tiny_checkpoint}", "port=0",
-                             "device=cpu", "duration_s=8", "max_batch=4", "max_wait_ms=1", f"hydra.run.dir={out}"],
+                             "device=cpu", "duration_s=4", "max_batch=4", "max_wait_ms=1", f"hydra.run.dir={out}"],
                             cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "server.json").exists():

@@ -180,20 +180,27 @@ def test_gradients_and_logs_are_averaged_over_a_real_process_group(tmp_path):
 
 # ---- torchrun launches -----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """The same 20-step run in one process and in two under torchrun (dataset collected once)."""
-    root = tmp_path_factory.mktemp("ddp")
+def _pair(root: Path) -> dict[str, str]:
     one = train(*TINY, "steps=20", f"dataset={root}/ds", f"hydra.run.dir={root}/one", cwd=root)
     assert one.returncode == 0, one.stderr[-3000:]
     two = train(*TINY, "steps=20", f"dataset={root}/ds", f"hydra.run.dir={root}/two", cwd=root, launcher=TORCHRUN)
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    return root, one, two
+    return {"one": one.stdout + one.stderr, "two": two.stdout + two.stderr}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """The same 20-step run in one process and in two under torchrun (dataset collected once), built
+    once per session: (folder, output of the one-process run, output of the torchrun run)."""
+    from conftest import built_once
+
+    root, out = built_once(tmp_path_factory, "ddp-pair", _pair)
+    return root, out["one"], out["two"]
 
 
 def test_two_processes_train_what_one_does(pair):
     root, one, two = pair
-    a, b = logged_losses(one.stdout + one.stderr), logged_losses(two.stdout + two.stderr)
+    a, b = logged_losses(one), logged_losses(two)
     assert sorted(a) == list(range(2, 21, 2)) and a.keys() == b.keys()  # rank 1 logs no step lines
     assert max(abs(a[k] - b[k]) for k in a) <= 2e-4, (a, b)
     assert max_weight_diff(root / "one", root / "two") < 1e-4
@@ -203,7 +210,7 @@ def test_two_processes_train_what_one_does(pair):
     assert abs(m1["final_loss"] - m2["final_loss"]) < 1e-5 and m2["batch_size"] == 8
     # rank 0 evaluated at step 10 while rank 1 waited in the next all-reduce
     assert [c["step"] for c in m2["success_curve"]] == [10, 20] and m1["success_curve"] == m2["success_curve"]
-    assert "torchrun: 2 processes (gloo), 4 rows of the 8-row batch each" in two.stdout + two.stderr
+    assert "torchrun: 2 processes (gloo), 4 rows of the 8-row batch each" in two
 
 
 @pytest.mark.slow
@@ -213,7 +220,7 @@ def test_two_processes_streaming_train_what_two_in_memory_do(pair):
     r = train(*TINY, "steps=20", "stream=true", f"dataset={root}/ds", f"hydra.run.dir={root}/two-stream", cwd=root,
               launcher=TORCHRUN)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert logged_losses(r.stdout + r.stderr) == logged_losses(two.stdout + two.stderr)
+    assert logged_losses(r.stdout + r.stderr) == logged_losses(two)
     assert max_weight_diff(root / "two", root / "two-stream") == 0
     assert json.loads((root / "two-stream/metrics.json").read_text())["streamed"] is True
 
@@ -225,7 +232,7 @@ def test_rank_0_alone_writes_the_run_folder(pair):
     log = (run / "train.log").read_text()
     assert log.count("mlp policy, ") == 1 and log.count("step 20/20 loss") == 1, log
     assert len(list((run / "tb").iterdir())) == 1
-    assert (two.stdout + two.stderr).count("mean success") == 1  # one evaluation
+    assert two.count("mean success") == 1  # one evaluation
 
 
 def test_torchrun_refuses_a_batch_that_does_not_split_and_writes_nothing(tmp_path):
