@@ -41,7 +41,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 def train(*args: str, cwd: Path, launcher: tuple[str, ...] = (sys.executable,), env: dict | None = None
           ) -> subprocess.CompletedProcess:
-    return subprocess.run([*launcher, "-m", "embodied.cli", "train", *args], cwd=cwd, env=env or _env(),
+    env = {**(env or _env()), "TMPDIR": str(cwd)}  # torchrun's rendezvous folders stay in the test's folder
+    return subprocess.run([*launcher, "-m", "embodied.cli", "train", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -115,8 +116,9 @@ def test_gif_has_one_frame_per_step_scaled_to_size():
 
 
 # ------------------------------------------------------------------ Chromium
-def browser_or_fail():
-    """A headless Chromium driver; missing pieces fail under CI=true and skip (saying what) otherwise."""
+def browser_or_fail(tmp: str):
+    """A headless Chromium driver whose temporary files go in ``tmp`` (a short path: Chromium puts a unix
+    socket there); missing pieces fail under CI=true and skip (saying what) otherwise."""
     missing = [b for b in ("chromium", "chromedriver") if shutil.which(b) is None]
     try:
         import selenium  # noqa: F401
@@ -135,7 +137,8 @@ def browser_or_fail():
     opts.binary_location = shutil.which("chromium")
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=900,700"):
         opts.add_argument(a)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver"), env={**os.environ, "TMPDIR": tmp}),
+                            options=opts)
 
 
 def free_port() -> int:
@@ -164,7 +167,8 @@ def test_label_page_in_chromium_survives_a_server_kill(tmp_path):
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver = browser_or_fail()
+    chromium_tmp = tempfile.mkdtemp(prefix="embodied-chromium-")  # its singleton-socket folder, removed below
+    driver = browser_or_fail(chromium_tmp)
     store_dir, port = tmp_path / "labels", free_port()
     make_store(store_dir, 6)
     server = start_label_command(store_dir, port, tmp_path / "run1")
@@ -207,6 +211,7 @@ def test_label_page_in_chromium_survives_a_server_kill(tmp_path):
         assert driver.find_element(By.ID, "progress").text == "6 / 6 answered"
     finally:
         driver.quit()
+        shutil.rmtree(chromium_tmp, ignore_errors=True)
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)

@@ -230,10 +230,14 @@ class StateSum(RewardModel):
         return RewardOutput(np.tanh(states @ self.w))
 
 
-def test_pebble_relabels_the_whole_replay_buffer_with_each_new_reward(tmp_path):
+def test_pebble_relabels_the_whole_replay_buffer_with_each_new_reward(tmp_path, monkeypatch):
+    import tempfile
+
     from embodied.runtime.prefer import PreferConfig
     from rewards.preference.pebble import PebbleLearner
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where SB3 puts a logger's default folder
+    (tmp_path / "tmp").mkdir()
     cfg = PreferConfig(task="press-button", learner="pebble", pebble_unsup_steps=30, pebble_learning_starts=10,
                        eval_episodes=1, seed=0)
     learner = PebbleLearner(cfg, False)
@@ -255,6 +259,7 @@ def test_pebble_relabels_the_whole_replay_buffer_with_each_new_reward(tmp_path):
     m = buf.pos
     np.testing.assert_allclose(buf.rewards[n:m, 0], np.tanh(buf.observations[n:m, 0] @ w) - 1.0, rtol=1e-5,
                                atol=1e-6)
+    assert list((tmp_path / "tmp").glob("SB3-*")) == []  # no log asked for: no SB3-<date> folder left behind
 
 
 def test_the_steer_learner_refuses_a_task_its_checkpoint_never_learned_before_asking_for_labels(tmp_path):

@@ -144,9 +144,13 @@ class PebbleLearner:
 
     def _sac(self, env: Any) -> Any:
         from stable_baselines3 import SAC
+        from stable_baselines3.common.logger import Logger
 
-        return SAC("MlpPolicy", env, replay_buffer_class=_relabel_buffer_class(),
-                   learning_starts=self.cfg.pebble_learning_starts, seed=self.cfg.seed, device="cpu", verbose=0)
+        model = SAC("MlpPolicy", env, replay_buffer_class=_relabel_buffer_class(),
+                    learning_starts=self.cfg.pebble_learning_starts, seed=self.cfg.seed, device="cpu", verbose=0)
+        # SB3's default logger would make an empty SB3-<date> folder in the temp dir at every learn()
+        model.set_logger(Logger(folder=None, output_formats=[]))
+        return model
 
     def _learn(self, model: Any, steps: int = 0, episodes: int = 0) -> None:
         """SAC for ``steps`` env steps, or until ``episodes`` more episodes have ended."""
