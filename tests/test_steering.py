@@ -372,6 +372,43 @@ def test_steered_policy_round_trips_through_save_load(tmp_path, algo, monkeypatc
     assert not isinstance(load_trained(tmp_path / "ckpt", device="cpu"), SteeredPolicy)
 
 
+@pytest.mark.parametrize("algo", ["sac", "td3", "ppo", "na"])
+def test_zero_init_starts_at_the_zero_noise_and_the_updates_move_it(algo):
+    """``zero_init``: the untrained steered policy plays the base's zero-noise chunks exactly; without it
+    the default-initialised output layer plays some other noise; either way the updates move the actor
+    (SAC, TD3, NA)."""
+    from policies.steering.na import NoiseAliasing
+    from policies.steering.sb3 import ProgressCallback, SB3Actor, make_algorithm
+
+    p = tiny()
+    ob = obs_batch(4, seed=7)
+    mode = p.predict_chunk(ob, np.zeros((4, H, DA), np.float32))
+    for zero_init in (True, False):
+        cfg = SteerConfig(algo=algo, net_arch=(32, 32), batch_size=16, learning_starts=8, utd=1, noise="shared",
+                          n_steps=16, zero_init=zero_init)
+        sp = NoiseSpace.for_policy(p, cfg)
+        vec = NoiseVecEnv([ToyEnv] * 2, p, sp, alias_samples=2 if algo == "na" else 0)
+        if algo == "na":
+            na = NoiseAliasing(vec, cfg)
+            actor, learn = na.noise_actor(), na.learn
+        else:
+            model = make_algorithm(cfg, vec)
+            actor = SB3Actor.of(model, cfg)
+            learn = lambda progress: model.learn(80, callback=ProgressCallback(progress))  # noqa: E731
+        before = SteeredPolicy(p, actor, sp).predict_chunk(ob)
+        if zero_init:
+            assert np.array_equal(before, mode), algo
+        elif algo != "ppo":  # SB3 initialises PPO's action layer at gain 0.01: nearly, not exactly, zero
+            assert not np.allclose(before, mode, atol=1e-3), algo
+        if algo == "ppo":  # its first update comes after n_steps noise steps per env, past this budget
+            continue
+        learn(Progress(80, show=False))
+        actor = na.noise_actor() if algo == "na" else SB3Actor.of(model, cfg)
+        assert not np.allclose(SteeredPolicy(p, actor, sp).predict_chunk(ob), mode, atol=1e-4), (algo, zero_init)
+    with pytest.raises(ValueError, match="zero_init='yes' is not allowed"):
+        SteerConfig(zero_init="yes")
+
+
 def test_a_steered_policy_batches_evaluation_rows_bitwise_as_each_row_alone():
     from embodied.runtime.evaluate import RowwisePolicy
 

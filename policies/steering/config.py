@@ -57,6 +57,11 @@ class SteerConfig:
         na_alias_samples: DSRL-NA: random noises decoded per collected state (in the same
             batch as the executed one) and kept as (state, noise, action) aliasing pairs for
             distilling the action critic into the noise critic.
+        zero_init: zero the actor's output layer (its mean), so that the untrained noise
+            policy plays exactly the zero noise, the flow's mode (what the flow recipe's
+            policies play on their own), instead of the small noise of a default-initialised
+            layer. Exploration (SAC's and NA's spread, TD3's action noise, the warm-up's prior
+            noise) is unchanged.
         seed: seed of the noise policy's networks and exploration.
     """
 
@@ -80,6 +85,7 @@ class SteerConfig:
     n_epochs: int = 10
     na_target: str = "decode"
     na_alias_samples: int = 4
+    zero_init: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -97,6 +103,8 @@ class SteerConfig:
         check_int("learning_starts", self.learning_starts, 0)
         check_int("na_alias_samples", self.na_alias_samples, 1)
         check_int("seed", self.seed, 0)
+        if not isinstance(self.zero_init, bool):
+            raise ValueError(f"zero_init={self.zero_init!r} is not allowed: must be true or false")
         check_float("learning_rate", self.learning_rate, 0.0, low_open=True)
         check_float("gamma", self.gamma, 0.0, 1.0)
         check_float("tau", self.tau, 0.0, 1.0, low_open=True)

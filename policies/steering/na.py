@@ -55,6 +55,13 @@ class Critic(nn.Module):
         return torch.stack([n(z).squeeze(-1) for n in self.nets])
 
 
+def zero_(layer: nn.Linear) -> None:
+    """Zero a layer's weights and bias: its output is 0 until an update moves it."""
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+
+
 class GaussianActor(nn.Module):
     """Features (B, C) -> tanh-squashed Gaussian noise in [-bound, bound]^Dw."""
 
@@ -169,6 +176,8 @@ class NoiseAliasing:
         self.qa, self.qw = Critic(c + adim, arch), Critic(c + wdim, arch, heads=1)
         self.qa_targ = copy.deepcopy(self.qa).requires_grad_(False)
         self.actor = GaussianActor(c, wdim, arch, self.space.bound)
+        if cfg.zero_init:
+            zero_(self.actor.mu)
         lr = cfg.learning_rate
         self.opt_qa = torch.optim.Adam(self.qa.parameters(), lr)
         self.opt_qw = torch.optim.Adam(self.qw.parameters(), lr)

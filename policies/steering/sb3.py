@@ -22,8 +22,10 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.noise import NormalActionNoise, VectorizedActionNoise
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
+from torch import nn
 
 from policies.steering.config import SteerConfig
+from policies.steering.na import zero_
 from policies.steering.noise import NoiseSpace
 from policies.steering.policy import NoiseActor
 from policies.steering.progress import Progress
@@ -53,10 +55,26 @@ def make_algorithm(cfg: SteerConfig, env: VecEnv, tensorboard_log: str | None = 
     common: dict[str, Any] = dict(learning_rate=cfg.learning_rate, gamma=cfg.gamma, seed=cfg.seed, device=device,
                                   tensorboard_log=tensorboard_log, verbose=verbose, policy_kwargs=policy_kwargs(cfg))
     algo = _make(cfg, env, common)
+    if cfg.zero_init:
+        zero_mean(algo)
     if tensorboard_log is None and not verbose:
         # SB3's default logger would make an empty SB3-<date> folder in the temp dir at every learn()
         algo.set_logger(Logger(folder=None, output_formats=[]))
     return algo
+
+
+def zero_mean(algo: BaseAlgorithm) -> None:
+    """Zero the layer that gives the actor's mean action, so that its deterministic action is the
+    middle of the (symmetric) box: the zero noise. TD3's target actor is set to the same weights."""
+    if isinstance(algo, SAC):
+        layer = algo.actor.mu
+    elif isinstance(algo, TD3):
+        layer = [m for m in algo.actor.mu if isinstance(m, nn.Linear)][-1]
+    else:
+        layer = algo.policy.action_net
+    zero_(layer)
+    if isinstance(algo, TD3):
+        algo.actor_target.load_state_dict(algo.actor.state_dict())
 
 
 def _make(cfg: SteerConfig, env: VecEnv, common: dict[str, Any]) -> BaseAlgorithm:
