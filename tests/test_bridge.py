@@ -396,29 +396,35 @@ def test_client_reconnects_after_a_server_restart():
         proc.wait(timeout=10)
 
 
-def test_server_killed_mid_episode_robot_in_safe_state_within_two_periods():
-    rate = 20.0
+def episode_with_server_killed(rate: float, steps: int, kill_after_s: float = 0.6):
+    """An episode of ``steps`` at ``rate`` against a server process SIGKILLed ``kill_after_s`` in:
+    (loop, robot, report, the kill's monotonic time or None). Also run by
+    docs/results/scripts/bridge_kill_to_safe.py."""
     proc, url = _server_process(_free_port())
     robot = ToyRobot()
-    remote = RemotePolicy(url, timeout_s=0.5)
-    loop = ControlLoop(robot, remote, LoopConfig(rate_hz=rate, request_timeout_s=0.3))
+    loop = ControlLoop(robot, RemotePolicy(url, timeout_s=0.5), LoopConfig(rate_hz=rate, request_timeout_s=0.3))
     killed: list[float] = []
 
     def kill_later():
-        time.sleep(0.6)
+        time.sleep(kill_after_s)
         killed.append(time.monotonic())
         proc.kill()
 
     threading.Thread(target=kill_later, daemon=True).start()
     try:
         with robot:
-            report = loop.run_episode(40)
+            report = loop.run_episode(steps)
     finally:
         proc.kill()
         proc.wait(timeout=10)
         loop.close()
-    assert killed and report.steps >= 30
-    t_kill = killed[0]
+    return loop, robot, report, (killed[0] if killed else None)
+
+
+def test_server_killed_mid_episode_robot_in_safe_state_within_two_periods():
+    rate = 20.0
+    loop, robot, report, t_kill = episode_with_server_killed(rate, 40)
+    assert t_kill is not None and report.steps >= 30
     holds = [t for t, why in loop.hold_log if t > t_kill and why.startswith(("policy server", "no action"))]
     assert holds, list(loop.hold_log)
     first_safe = min(t for t, a in robot.sent if t >= holds[0] - 1e-3)

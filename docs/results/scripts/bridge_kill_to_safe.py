@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,32 +19,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from embodied.bridge.client import RemotePolicy  # noqa: E402
-from embodied.bridge.loop import ControlLoop, LoopConfig  # noqa: E402
-from test_bridge import ToyRobot, _free_port, _server_process  # noqa: E402
+from test_bridge import episode_with_server_killed  # noqa: E402
 
 
 def kill_to_safe_ms(rate: float) -> float:
-    proc, url = _server_process(_free_port())
-    robot = ToyRobot()
-    loop = ControlLoop(robot, RemotePolicy(url, timeout_s=0.5), LoopConfig(rate_hz=rate, request_timeout_s=0.3))
-    killed: list[float] = []
-
-    def kill_later() -> None:
-        time.sleep(0.6)
-        killed.append(time.monotonic())
-        proc.kill()
-
-    threading.Thread(target=kill_later, daemon=True).start()
-    try:
-        with robot:
-            loop.run_episode(int(rate * 2))
-    finally:
-        proc.kill()
-        proc.wait()
-        loop.close()
-    holds = [t for t, _ in loop.hold_log if t > killed[0]]
-    return 1000 * (min(t for t, _ in robot.sent if t >= holds[0] - 1e-3) - killed[0])
+    loop, robot, _, t_kill = episode_with_server_killed(rate, int(rate * 2))
+    holds = [t for t, _ in loop.hold_log if t > t_kill]
+    return 1000 * (min(t for t, _ in robot.sent if t >= holds[0] - 1e-3) - t_kill)
 
 
 def main() -> None:
