@@ -245,13 +245,14 @@ class ControlLoop:
             if report is not None:
                 report.events[f"hold:{reason.split(':')[0]}"] += 1
 
-    def hold_now(self, reason: str, report: EpisodeReport | None = None) -> None:
-        """Put the robot in its safe state at once (from any thread)."""
+    def hold_now(self, reason: str, report: EpisodeReport | None = None) -> np.ndarray:
+        """Put the robot in its safe state at once (from any thread); returns what the robot was sent."""
         with self._send_lock:
             self._begin_hold(reason, report)
             assert self._hold_action is not None
             self._last_sent = np.asarray(self.robot.send_action(self._hold_action), np.float32)
             self._last_command = time.monotonic()
+            return self._last_sent
 
     def _watchdog(self, stop: threading.Event, report: EpisodeReport) -> None:
         """Every quarter period: hold the robot when the policy server's connection is lost (without
@@ -498,12 +499,7 @@ class ControlLoop:
 
     def _step_hold(self, obs: Mapping[str, Any], reason: str, report: EpisodeReport, t: int) -> None:
         tick = time.monotonic()
-        with self._send_lock:
-            self._begin_hold(reason, report)
-            assert self._hold_action is not None
-            sent = np.asarray(self.robot.send_action(self._hold_action), np.float32)
-            self._last_command = time.monotonic()
-            self._last_sent = sent
+        sent = self.hold_now(reason, report)
         report.hold_steps += 1
         report.interventions += 1
         self._after_step(obs, None, sent, {"step": t, "interventions": ["hold"], "hold": reason}, report, tick)
