@@ -557,8 +557,8 @@ def test_steer_command_refuses_the_mlp_floor_and_bad_settings(tmp_path):
     assert r.returncode == 2 and "raw_ppo" in r.stderr and "raw_sac" in r.stderr
 
 
-def test_initial_noise_is_the_base_policys_and_the_learner_sees_the_offset_reward():
-    from policies.steering.sb3 import OffsetReward
+def test_initial_noise_is_the_base_policys_and_the_learner_sees_the_shaped_reward():
+    from policies.steering.sb3 import ShapedReward
 
     p = tiny()
     sp = space(p, bound=1.5)
@@ -568,11 +568,23 @@ def test_initial_noise_is_the_base_policys_and_the_learner_sees_the_offset_rewar
     assert np.abs(draws).max() <= 1.5
     # N(0, I) clipped: P(|w| > 1.5) = 13.4% of the values sit on the bound (uniform noise: none)
     assert abs(np.mean(np.abs(draws) == 1.5) - 0.134) < 0.01
-    vec = OffsetReward(NoiseVecEnv([lambda: ToyEnv(max_steps=6)] * 2, p, sp, reward="dense"), 1.0)
+    vec = ShapedReward(NoiseVecEnv([lambda: ToyEnv(max_steps=6)] * 2, p, sp, reward="dense"), 1.0)
     vec.seed(0)
     vec.reset()
     _, r, _, infos = vec.step(np.zeros((2, sp.dim), np.float32))
     assert np.allclose(r, [i["reward_terms"]["near"] - 1.0 for i in infos], atol=1e-5)
+    # prior_coef: minus the coefficient times each env's mean squared noise (the zero noise costs nothing)
+    vec = ShapedReward(NoiseVecEnv([lambda: ToyEnv(max_steps=6)] * 2, p, sp, reward="dense"), 1.0, 0.5)
+    vec.seed(0)
+    vec.reset()
+    w = np.stack([np.zeros(sp.dim), np.full(sp.dim, 1.2)]).astype(np.float32)
+    _, r, _, infos = vec.step(w)
+    assert np.allclose(r, [i["reward_terms"]["near"] - 1.0 - 0.5 * m for i, m in zip(infos, (0.0, 1.44))],
+                       atol=1e-5)
+    with pytest.raises(ValueError, match="prior_coef=-0.1 is not allowed"):
+        SteerConfig(prior_coef=-0.1)
+    with pytest.raises(ValueError, match="prior_coef=0.1 is not allowed with algo=na"):
+        SteerConfig(algo="na", prior_coef=0.1)
 
 
 def test_compare_steps_reads_every_curve_against_the_target():

@@ -49,6 +49,9 @@ class SteerConfig:
             1 turns the sparse success reward into -1 per step until success (DSRL's
             ``reward_offset``); without it, SAC's entropy bonus pays for staying alive and the
             agent learns to avoid the success that ends its episode.
+        prior_coef: subtracted from every noise step's reward, times the mean squared noise the
+            learner played (SAC, TD3, PPO): a pull towards the prior's mode, the zero noise, which
+            the learner leaves only where the reward pays for it. 0 turns it off.
         action_noise: TD3's Gaussian exploration noise, as a fraction of ``bound``.
         n_steps: PPO's rollout length per env; ``n_epochs``: its passes over a rollout.
         na_target: DSRL-NA's bootstrap: ``"decode"`` (the paper's: Q^A of the decoded next
@@ -80,6 +83,7 @@ class SteerConfig:
     ent_coef: str = "auto_0.01"
     target_entropy: Optional[float] = 0.0
     reward_offset: float = 1.0
+    prior_coef: float = 0.0
     action_noise: float = 0.1
     n_steps: int = 256
     n_epochs: int = 10
@@ -110,6 +114,10 @@ class SteerConfig:
         check_float("tau", self.tau, 0.0, 1.0, low_open=True)
         check_float("action_noise", self.action_noise, 0.0)
         check_float("reward_offset", self.reward_offset, -1e9)
+        check_float("prior_coef", self.prior_coef, 0.0)
+        if self.prior_coef and self.algo == "na":
+            raise ValueError(f"prior_coef={self.prior_coef} is not allowed with algo=na: NA's critic scores "
+                             "actions, not noise; use prior_coef=0 or algo=sac|td3|ppo")
         if self.target_entropy is not None:
             check_float("target_entropy", self.target_entropy, -1e9)
         self.ent_coef = str(self.ent_coef)

@@ -42,13 +42,14 @@ def policy_kwargs(cfg: SteerConfig) -> dict[str, Any]:
 def make_algorithm(cfg: SteerConfig, env: VecEnv, tensorboard_log: str | None = None, device: str = "cpu",
                    verbose: int = 0) -> BaseAlgorithm:
     """An SB3 ``cfg.algo`` learner on ``env`` (any Box action space: noise or raw actions),
-    which sees rewards minus ``cfg.reward_offset``.
+    which sees rewards minus ``cfg.reward_offset`` and minus ``cfg.prior_coef`` times the mean
+    squared noise it played (``ShapedReward``).
 
     ``cfg.utd`` gradient steps per collected transition: SB3's ``gradient_steps`` is
     ``utd * env.num_envs`` (it counts per vector step).
     """
-    if cfg.reward_offset:
-        env = OffsetReward(env, cfg.reward_offset)
+    if cfg.reward_offset or cfg.prior_coef:
+        env = ShapedReward(env, cfg.reward_offset, cfg.prior_coef)
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo={cfg.algo!r} is not an SB3 algorithm: must be one of {sorted(ALGOS)} "
                          "('na' runs policies.steering.na.NoiseAliasing)")
@@ -95,19 +96,32 @@ def _make(cfg: SteerConfig, env: VecEnv, common: dict[str, Any]) -> BaseAlgorith
     return TD3("MlpPolicy", env, action_noise=noise, **off, **common)
 
 
-class OffsetReward(VecEnvWrapper):
-    """Rewards minus ``offset`` per step (``SteerConfig.reward_offset``); the ``info`` dicts are untouched."""
+class ShapedReward(VecEnvWrapper):
+    """What the learner sees: each step's reward minus ``offset`` (``SteerConfig.reward_offset``)
+    and minus ``prior_coef`` times the mean of the squared action over its dimensions
+    (``SteerConfig.prior_coef``). On a noise env the action is the initial noise, whose prior is
+    N(0, I): the penalty is a scaled negative log-density of the prior, largest away from its mode.
+    The ``info`` dicts are untouched (they keep the reward source's own reward)."""
 
-    def __init__(self, venv: VecEnv, offset: float):
+    def __init__(self, venv: VecEnv, offset: float = 0.0, prior_coef: float = 0.0):
         super().__init__(venv)
-        self.offset = float(offset)
+        self.offset, self.prior_coef = float(offset), float(prior_coef)
+        self._actions: np.ndarray | None = None
 
     def reset(self) -> Any:
         return self.venv.reset()
 
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = np.asarray(actions, np.float64).reshape(self.num_envs, -1)
+        self.venv.step_async(actions)
+
     def step_wait(self) -> Any:
         obs, rewards, dones, infos = self.venv.step_wait()
-        return obs, rewards - self.offset, dones, infos
+        rewards = rewards - self.offset
+        if self.prior_coef:
+            assert self._actions is not None, "step_wait before step_async"
+            rewards = rewards - self.prior_coef * np.mean(self._actions ** 2, axis=1)
+        return obs, rewards.astype(np.float32), dones, infos
 
 
 class SB3Actor(NoiseActor):
