@@ -450,12 +450,14 @@ class SlowOnce(PolicyWrapper):
 
 def test_latency_spike_longer_than_the_chunk_safe_hold_then_recovery():
     rate = 50.0
-    slow = SlowOnce(LinearPolicy(), call=3, delay_s=H / rate + 0.3)  # longer than a whole chunk of actions
+    # far longer than a whole chunk of actions, so the chunk runs out even when a loaded machine stalls
+    # the loop for a few periods (the schedule counts steps, not seconds); under the request timeout
+    slow = SlowOnce(LinearPolicy(), call=3, delay_s=H / rate + 0.8)
     with PolicyServer(slow, metadata=_meta(LinearPolicy())) as srv:
         robot = ToyRobot()
         loop = ControlLoop(robot, RemotePolicy(srv.url), LoopConfig(rate_hz=rate, request_timeout_s=2.0))
         with robot:
-            report = loop.run_episode(60)
+            report = loop.run_episode(110)
         loop.close()
     assert report.hold_steps >= 5, report.to_dict()
     assert report.events["hold:no action"] >= 1
