@@ -63,6 +63,7 @@ for line in sys.stdin:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             sys.argv = ["embodied", *req["argv"]]
             try:
+                exec(req.get("prelude", ""), {"__name__": "__prelude__"})
                 embodied.cli.main(req["argv"])
                 code = 0
             except SystemExit as e:
@@ -115,9 +116,16 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
 
 
-def run_cli(args, cwd, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    """``python -m embodied.cli *args`` in ``cwd`` with ``env``, as a ``CompletedProcess`` (text output)."""
+def run_cli(args, cwd, env: dict | None = None, timeout: float = 900, prelude: str = ""
+            ) -> subprocess.CompletedProcess:
+    """``python -m embodied.cli *args`` in ``cwd`` with ``env``, as a ``CompletedProcess`` (text output).
+
+    ``prelude``: Python code run in the command's process just before ``embodied.cli.main`` (a test
+    that replaces a function to see what the command hands it)."""
     cmd = [sys.executable, "-m", "embodied.cli", *map(str, args)]
+    if prelude:
+        cmd = [sys.executable, "-c", prelude + "\nimport sys\nfrom embodied.cli import main\nmain(sys.argv[1:])\n",
+               *map(str, args)]
     env = dict(os.environ if env is None else env)
     with _lock:
         cold = os.environ.get("EMBODIED_TEST_CLI") == "subprocess"
@@ -129,15 +137,15 @@ def run_cli(args, cwd, env: dict | None = None, timeout: float = 900) -> subproc
             cold = any(env.get(k, v) != v for k, v in gl.items())
         if cold:
             return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-        return _run_warm(cmd, cwd, {**gl, **env}, timeout)
+        return _run_warm(cmd, cwd, {**gl, **env}, timeout, prelude)
 
 
-def _run_warm(cmd: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+def _run_warm(cmd: list[str], cwd, env: dict, timeout: float, prelude: str = "") -> subprocess.CompletedProcess:
     proc, replies = _server["proc"], _server["replies"]
     with tempfile.TemporaryDirectory(prefix="embodied-cli-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         proc.stdin.write(json.dumps({"argv": cmd[3:], "cwd": str(cwd), "env": env, "stdout": str(out),
-                                     "stderr": str(err)}) + "\n")
+                                     "stderr": str(err), "prelude": prelude}) + "\n")
         proc.stdin.flush()
         pid = json.loads(replies.readline())["pid"]
         killed = []

@@ -389,16 +389,13 @@ def test_recipes_compose_in_order_and_the_command_line_wins(obs_mode, policy):
 
 def _capture_train(*args: str, cwd: Path) -> dict:
     """The TrainConfig that `embodied train ARGS` hands to train(), which is replaced to print it."""
-    code = ("import dataclasses, json, sys\n"
+    code = ("import dataclasses, json\n"
             "import embodied.commands.train as cmd\n"
             "def capture(cfg, out):\n"
             "    print('CONFIG ' + json.dumps(dataclasses.asdict(cfg)))\n"
             "    raise SystemExit(0)\n"
-            "cmd.train = capture\n"
-            "from embodied.cli import main\n"
-            "main(sys.argv[1:])\n")
-    r = subprocess.run([sys.executable, "-c", code, "train", *args, "progress=false", f"hydra.run.dir={cwd}/run"],
-                       cwd=cwd, capture_output=True, text=True, timeout=300)
+            "cmd.train = capture\n")
+    r = run_cli(["train", *args, "progress=false", f"hydra.run.dir={cwd}/run"], cwd=cwd, timeout=300, prelude=code)
     lines = [line for line in r.stdout.splitlines() if line.startswith("CONFIG ")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     return json.loads(lines[0][len("CONFIG "):])
