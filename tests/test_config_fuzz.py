@@ -174,7 +174,16 @@ def _apply(loader, overrides, cfg, schema: type) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Each case's outcome, through the fast path (all) and Hydra's compose (a sample and the groups)."""
+    """Each case's outcome, through the fast path (all) and Hydra's compose (a sample and the groups),
+    worked out once per test session, by whichever xdist worker asks first."""
+    from conftest import built_once
+
+    _, built = built_once(tmp_path_factory, "config-fuzz", _results)
+    fast, full = ({int(i): Outcome(*o) for i, o in built[k].items()} for k in ("fast", "full"))
+    return built["cases"], fast, full
+
+
+def _results(folder):
     import os
 
     from hydra import compose as hydra_compose
@@ -186,7 +195,7 @@ def results(tmp_path_factory):
     from embodied.commands.schema import register_configs
 
     cwd = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("fuzz"))  # `path=.` and friends resolve in an empty folder
+    os.chdir(folder)  # `path=.` and friends resolve in an empty folder
     try:
         all_cases = cases()
         for name, schema in commands().items():
@@ -216,7 +225,7 @@ def results(tmp_path_factory):
                                                      copy.deepcopy(base), schema))
     finally:
         os.chdir(cwd)
-    return all_cases, fast, full
+    return {"cases": all_cases, "fast": fast, "full": full}
 
 
 def test_every_bad_value_of_every_field_is_a_clear_one_line_error(results):
