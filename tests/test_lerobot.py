@@ -12,9 +12,7 @@ would have to be loose. Everything else (state, action, rewards, flags) is compa
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -260,16 +258,10 @@ def test_an_interrupted_export_leaves_nothing(collected, tmp_path, monkeypatch):
 
 
 def run_cli(*args, cwd, code=""):
-    """``embodied ARGS``; with ``code`` (e.g. a patch), in a fresh interpreter that runs it first."""
-    if not code:
-        from cli_runner import run_cli as warm
+    """``embodied ARGS``; with ``code`` (e.g. a patch) run first in the command's process."""
+    from cli_runner import run_cli as warm
 
-        return warm(args, cwd=cwd, timeout=300)
-    prog = f"{code}\nimport sys\nfrom embodied.cli import main\nmain(sys.argv[1:])"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", prog, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env=env)
+    return warm(args, cwd=cwd, timeout=300, prelude=code)
 
 
 def test_the_commands(collected, exported, tmp_path):
