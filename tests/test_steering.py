@@ -518,9 +518,8 @@ def test_suite_wide_control_run_and_its_checkpoint_round_trip_through_eval_play_
     ev = json.loads((tmp_path / "eval/metrics.json").read_text())
     for t in ("reach", "push"):  # the same seeds as the run's final evaluation: the same figures
         assert ev["per_task"][t]["success_rate"] == m["per_task_after"][t]["success"]
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "play", f"checkpoint={run}/checkpoint", "task=push",
-                        "instruction=push the red block to the zone", f"hydra.run.dir={tmp_path}/play"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    r = run_cli(["play", f"checkpoint={run}/checkpoint", "task=push", "instruction=push the red block to the zone",
+                 f"hydra.run.dir={tmp_path}/play"], cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert list((tmp_path / "play").rglob("*.mp4"))
 

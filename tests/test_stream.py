@@ -4,9 +4,6 @@ what training needs, or loses a file while it streams, is named."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -114,11 +111,11 @@ def test_stream_settings_are_normalised_and_resumable():
 
 
 def test_stream_true_on_the_command_line_is_the_string_true(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "stream=true", "--cfg", "job"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    from cli_runner import run_cli
+
+    r = run_cli(["train", "stream=true", "--cfg", "job"], cwd=tmp_path, timeout=120)
     assert r.returncode == 0 and "stream: 'true'" in r.stdout.lower(), r.stderr[-2000:]  # Hydra's bool as a string
-    r = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "stream=maybe", f"hydra.run.dir={tmp_path}/run"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = run_cli(["train", "stream=maybe", f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and "stream must be one of" in r.stderr and "Traceback" not in r.stderr
 
 
