@@ -1,16 +1,16 @@
 """Test set-up: choose the headless GL backend (and load triton) before anything else.
 
-Under pytest-xdist (``-n``, set in pyproject.toml) each worker process, and every command a test
-starts from it, runs torch and OpenMP on one thread: two workers that each used every core would
-make each other's torch threads wait (OMP_NUM_THREADS is what ``embodied train threads=0`` then
-follows, see ``embodied.runtime.train.default_threads``).
+Each pytest-xdist worker (``-n``, set in pyproject.toml), and every command a test starts from it,
+runs torch and OpenMP on one thread: two workers that each used every core would make each other's
+torch threads wait (OMP_NUM_THREADS is what ``embodied train threads=0`` then follows, see
+``embodied.runtime.train.default_threads``). ``-n 0`` runs the same way, so that the tests that
+compare a run in this process with one in worker processes bit for bit see the same thread count.
 """
 
 import os
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_var] = "1"
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
 
 import sim  # noqa: F401  (configures MUJOCO_GL before mujoco is imported)
 
