@@ -299,7 +299,7 @@ def _pool_worker_init() -> None:
 
 
 class PoolRunner:
-    """``ShardRunner``'s interface over local worker processes (``concurrent.futures``, spawn).
+    """``ShardRunner``'s interface over local worker processes (``concurrent.futures``, forkserver).
 
     For one machine without Ray: ``workers`` processes each load the policy once and play
     shards. No retries: a worker that dies stops the run (``retried`` stays empty).
@@ -309,9 +309,16 @@ class PoolRunner:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        # spawn: a forked child would inherit torch's and GL's threads in whatever state they are
-        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_pool_worker_init)
+        # forkserver: each worker is forked from a clean server process that imported sim, torch and the
+        # policies once (for every pool this process makes) and made no GL context and no torch thread;
+        # a child forked from this process would inherit its threads in whatever state they are. Where
+        # there is no forkserver, spawn: a fresh interpreter per worker.
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["sim", "torch", "policies", "embodied.runtime.distributed"])
+        else:
+            ctx = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_worker_init)
         self.retried: list[dict[str, Any]] = []
 
     def submit(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], info: Mapping[str, Any] | None = None
@@ -342,7 +349,7 @@ class PoolRunner:
 @contextlib.contextmanager
 def shard_runner(options: RayOptions, workers: int = 0) -> Iterator[tuple[ShardRunner | PoolRunner, int]]:
     """(runner, how many shards run at once): Ray where ``options`` says (``workers`` = 0),
-    else ``workers`` local processes (spawned as shards arrive, so never more than shards)."""
+    else ``workers`` local processes (started as shards arrive, so never more than shards)."""
     with (contextlib.nullcontext(workers) if workers > 0 else ray_session(options)) as n:
         runner: ShardRunner | PoolRunner = PoolRunner(workers) if workers > 0 else ShardRunner(options)
         try:
