@@ -39,9 +39,14 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def train(*args: str, cwd: Path, launcher: tuple[str, ...] = (sys.executable,), env: dict | None = None
+def train(*args: str, cwd: Path, launcher: tuple[str, ...] = (), env: dict | None = None
           ) -> subprocess.CompletedProcess:
+    """``embodied train ARGS``: one process (forked from the warm CLI runner), or under ``launcher``."""
     env = {**(env or _env()), "TMPDIR": str(cwd)}  # torchrun's rendezvous folders stay in the test's folder
+    if not launcher:
+        from cli_runner import run_cli
+
+        return run_cli(["train", *args], cwd=cwd, env=env, timeout=600)
     return subprocess.run([*launcher, "-m", "embodied.cli", "train", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
