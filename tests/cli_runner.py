@@ -122,10 +122,11 @@ def run_cli(args, cwd, env: dict | None = None, timeout: float = 900, prelude: s
 
     ``prelude``: Python code run in the command's process just before ``embodied.cli.main`` (a test
     that replaces a function to see what the command hands it)."""
-    cmd = [sys.executable, "-m", "embodied.cli", *map(str, args)]
+    argv = [str(a) for a in args]
+    cmd = [sys.executable, "-m", "embodied.cli", *argv]
     if prelude:
         cmd = [sys.executable, "-c", prelude + "\nimport sys\nfrom embodied.cli import main\nmain(sys.argv[1:])\n",
-               *map(str, args)]
+               *argv]
     env = dict(os.environ if env is None else env)
     with _lock:
         cold = os.environ.get("EMBODIED_TEST_CLI") == "subprocess"
@@ -137,14 +138,16 @@ def run_cli(args, cwd, env: dict | None = None, timeout: float = 900, prelude: s
             cold = any(env.get(k, v) != v for k, v in gl.items())
         if cold:
             return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-        return _run_warm(cmd, cwd, {**gl, **env}, timeout, prelude)
+        return _run_warm(cmd, argv, cwd, {**gl, **env}, timeout, prelude)
 
 
-def _run_warm(cmd: list[str], cwd, env: dict, timeout: float, prelude: str = "") -> subprocess.CompletedProcess:
+def _run_warm(cmd: list[str], argv: list[str], cwd, env: dict, timeout: float, prelude: str
+              ) -> subprocess.CompletedProcess:
+    """``argv`` run by a fork of the warm server; ``cmd`` names the console command in the result."""
     proc, replies = _server["proc"], _server["replies"]
     with tempfile.TemporaryDirectory(prefix="embodied-cli-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        proc.stdin.write(json.dumps({"argv": cmd[3:], "cwd": str(cwd), "env": env, "stdout": str(out),
+        proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out),
                                      "stderr": str(err), "prelude": prelude}) + "\n")
         proc.stdin.flush()
         pid = json.loads(replies.readline())["pid"]
