@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -48,6 +49,30 @@ def test_prefer_takes_one_task_a_list_or_a_suite_and_names_the_forms_when_given_
         PreferConfig(suite="manipulation", learner="pebble")
     with pytest.raises(MissingConfigException, match="navigation"):
         compose("prefer", PreferConfig, ["suite=nope"])
+
+
+def test_the_command_line_sets_any_field_of_the_noise_policy_and_refuses_a_misspelt_one(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    from embodied.commands.app import compose
+    from embodied.commands.prefer import PreferCommandConfig
+    from embodied.runtime.prefer import PreferConfig, SteerLearner
+    from policies.steering.config import SteerConfig
+
+    over = ["learner=steer", "checkpoint=x", "suite=manipulation"]
+    cfg = compose("prefer", PreferCommandConfig, [*over, "steer.bound=0.5", "steer.zero_init=true"])
+    assert cfg.steer == SteerConfig(utd=2, bound=0.5, zero_init=True)  # utd=2 stays the command's default
+    run = SteerLearner._steer_config(SimpleNamespace(cfg=cfg, tasks=["reach", "push"]), "sparse", {}, 3)
+    assert run.steer == cfg.steer and run.tasks == ["reach", "push"]
+    with pytest.raises(ConfigCompositionException, match="Could not override 'steer.bnd'") as e:
+        compose("prefer", PreferCommandConfig, [*over, "steer.bnd=0.5"])
+    assert "Key 'bnd' not in 'SteerConfig'" in str(e.value.__cause__)
+    with pytest.raises(ValueError, match="bound=-1.0 is not allowed"):
+        compose("prefer", PreferCommandConfig, [*over, "steer.bound=-1"])
+    # the library's PreferConfig still takes the fields as a dict
+    plain = SimpleNamespace(cfg=PreferConfig(learner="steer", checkpoint="x", steer={"utd": 4, "bound": 0.5}),
+                            tasks=["reach"])
+    assert SteerLearner._steer_config(plain, "sparse", {}, 3).steer == SteerConfig(utd=4, bound=0.5)
 
 
 # ---------------------------------------------------------------- pairs within one task
@@ -190,7 +215,7 @@ def test_embodied_prefer_steer_across_two_tasks_writes_the_reward_and_every_stee
          "teacher=mistake", "eps=0.1", "budget=8", "rounds=2", "episodes_per_round=2", "candidates=2",
          "heldout_episodes=2", "heldout_pairs=20", "eval_episodes=1", "segment_length=10", "oversample=2",
          "steer_env_steps=16", "steer_eval_every=0", "steer_eval_episodes=1", "reward.hidden=16", "reward.epochs=2",
-         "reward.ensemble=2", "+steer.batch_size=8", "+steer.learning_starts=4", "+steer.net_arch=[16,16]",
+         "reward.ensemble=2", "steer.batch_size=8", "steer.learning_starts=4", "steer.net_arch=[16,16]",
          "steer.utd=1", f"hydra.run.dir={run}"],
         cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,22 @@ import torch
 from embodied.commands.app import hydra_command, run_dir
 from embodied.runtime.evaluate import write_json
 from embodied.runtime.prefer import ACTIONS, PreferConfig, evaluate_reward, plot_runs, run_prefer
+from policies.steering.config import SteerConfig
 
 log = logging.getLogger("embodied.prefer")
-__all__ = ["ACTIONS", "main"]
+__all__ = ["ACTIONS", "PreferCommandConfig", "main"]
 
 
-@hydra_command("prefer", PreferConfig)
-def main(cfg: PreferConfig) -> dict[str, Any]:
+@dataclass
+class PreferCommandConfig(PreferConfig):
+    """``PreferConfig`` with ``steer`` typed as the noise policy's ``SteerConfig``, so that the command
+    line sets any of its fields (``steer.bound=0.5``) and a misspelt one is refused by name."""
+
+    steer: SteerConfig = field(default_factory=lambda: SteerConfig(utd=2))  # learner=steer
+
+
+@hydra_command("prefer", PreferCommandConfig)
+def main(cfg: PreferCommandConfig) -> dict[str, Any]:
     torch.set_num_threads(1)  # small nets: threads cost more than they give
     out = run_dir()
     if cfg.action == "plot":

@@ -59,7 +59,8 @@ class PreferConfig:
     steer_control: bool = True
     steer_eval_every: int = 2500  # learner=steer: env steps between evaluations of the curve
     steer_eval_episodes: int = 20  # learner=steer: episodes per task and wording split at each curve point
-    steer: dict[str, Any] = field(default_factory=lambda: {"utd": 2})  # learner=steer: SteerConfig fields
+    # learner=steer: the noise policy's SteerConfig fields (`embodied prefer` types it as SteerConfig)
+    steer: dict[str, Any] = field(default_factory=lambda: {"utd": 2})
     pebble_unsup_steps: int = 1000  # learner=pebble: env steps of unsupervised pre-training (state entropy)
     pebble_knn: int = 5  # learner=pebble: k of the k-NN particle entropy estimate
     pebble_ground_truth: str = "dense"  # learner=pebble: the reward of the SAC it is compared with (dense | sparse)

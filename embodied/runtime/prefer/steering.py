@@ -92,7 +92,8 @@ class SteerLearner:
         return SteerRunConfig(checkpoint=c.checkpoint, **where, reward=reward, reward_kwargs=kwargs,
                               env_steps=c.steer_env_steps, eval_every=c.steer_eval_every,
                               eval_episodes=c.steer_eval_episodes, final_episodes=episodes,
-                              seed=c.seed, videos=0, progress=False, threads=1, steer=SteerConfig(**c.steer))
+                              seed=c.seed, videos=0, progress=False, threads=1,
+                              steer=c.steer if isinstance(c.steer, SteerConfig) else SteerConfig(**c.steer))
 
     def _reference(self, want: Any) -> dict[str, Any] | None:
         """The metrics of ``steer_reference`` if it is a finished run with the same settings."""
