@@ -51,7 +51,7 @@ def test_prefer_takes_one_task_a_list_or_a_suite_and_names_the_forms_when_given_
         compose("prefer", PreferConfig, ["suite=nope"])
 
 
-def test_the_command_line_sets_any_field_of_the_noise_policy_and_refuses_a_misspelt_one(tmp_path):
+def test_the_command_line_sets_any_field_of_the_noise_policy_and_refuses_a_misspelt_one():
     from hydra.errors import ConfigCompositionException
 
     from embodied.commands.app import compose

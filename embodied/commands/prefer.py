@@ -13,6 +13,7 @@ from embodied.commands.app import hydra_command, run_dir
 from embodied.runtime.evaluate import write_json
 from embodied.runtime.prefer import ACTIONS, PreferConfig, evaluate_reward, plot_runs, run_prefer
 from policies.steering.config import SteerConfig
+from rewards.preference.config import STEER_DEFAULTS
 
 log = logging.getLogger("embodied.prefer")
 __all__ = ["ACTIONS", "PreferCommandConfig", "main"]
@@ -23,7 +24,7 @@ class PreferCommandConfig(PreferConfig):
     """``PreferConfig`` with ``steer`` typed as the noise policy's ``SteerConfig``, so that the command
     line sets any of its fields (``steer.bound=0.5``) and a misspelt one is refused by name."""
 
-    steer: SteerConfig = field(default_factory=lambda: SteerConfig(utd=2))  # learner=steer
+    steer: SteerConfig = field(default_factory=lambda: SteerConfig(**STEER_DEFAULTS))  # learner=steer
 
 
 @hydra_command("prefer", PreferCommandConfig)

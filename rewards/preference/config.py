@@ -16,6 +16,7 @@ from rewards.preference.teachers import PRESETS
 
 ACTIONS = ("run", "eval", "plot")
 TEACHERS = (*PRESETS, "vlm", "human")
+STEER_DEFAULTS = {"utd": 2}  # learner=steer: the SteerConfig fields it sets unless told otherwise
 DEFAULT_TASK = "press-button"  # the task when none of task=, tasks=, suite= is given (the figures' recipe)
 
 
@@ -60,7 +61,7 @@ class PreferConfig:
     steer_eval_every: int = 2500  # learner=steer: env steps between evaluations of the curve
     steer_eval_episodes: int = 20  # learner=steer: episodes per task and wording split at each curve point
     # learner=steer: the noise policy's SteerConfig fields (`embodied prefer` types it as SteerConfig)
-    steer: dict[str, Any] = field(default_factory=lambda: {"utd": 2})
+    steer: dict[str, Any] = field(default_factory=lambda: dict(STEER_DEFAULTS))
     pebble_unsup_steps: int = 1000  # learner=pebble: env steps of unsupervised pre-training (state entropy)
     pebble_knn: int = 5  # learner=pebble: k of the k-NN particle entropy estimate
     pebble_ground_truth: str = "dense"  # learner=pebble: the reward of the SAC it is compared with (dense | sparse)
