@@ -484,3 +484,23 @@ def test_train_precision_is_fp32_or_bf16_and_bf16_needs_the_cpu_for_it():
     else:
         with pytest.raises(ValueError, match="no bf16 instructions"):
             _autocast("bf16", torch.device("cpu"))
+
+
+def test_ctrl_c_during_a_checkpoint_write_waits_for_the_write_and_then_interrupts(tmp_path):
+    """A Ctrl-C raised inside shutil.rmtree can surface as an OSError (exit 1) and leave a half-swapped
+    checkpoint; train holds it through every write and raises KeyboardInterrupt once the write is whole."""
+    import os
+
+    from embodied.runtime.train import _held_interrupts, _save
+
+    policy, _ = tiny(tmp_path / "made")
+    out = tmp_path / "run"
+    opt = torch.optim.Adam(policy.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    _save(policy, opt, sched, 1, [], out)
+    with pytest.raises(KeyboardInterrupt):
+        with _held_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)  # arrives before the write starts
+            _save(policy, opt, sched, 2, [], out)
+    assert torch.load(out / "checkpoint/trainer_state.pt")["step"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint"]  # no .tmp or .old left half-swapped

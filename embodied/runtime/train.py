@@ -767,10 +767,13 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
                 continue
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 periodic_eval(done)
-            if cfg.snapshot_every and done % cfg.snapshot_every == 0:
-                _snapshot(deployed, done, out)  # before _save: a crash in between still resumes to it
-            if done % cfg.save_every == 0:
-                _save(deployed, opt, sched, done, curve, out, record)
+            # Ctrl-C waits for the writes: raised inside shutil.rmtree it can surface as an OSError
+            # (exit 1) and leave a half-written directory
+            with _held_interrupts():
+                if cfg.snapshot_every and done % cfg.snapshot_every == 0:
+                    _snapshot(deployed, done, out)  # before _save: a crash in between still resumes to it
+                if done % cfg.save_every == 0:
+                    _save(deployed, opt, sched, done, curve, out, record)
     except KeyboardInterrupt:  # keep the steps done (train() then says what is kept)
         if world.main:
             with _held_interrupts(reraise=False):
@@ -787,9 +790,10 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
     train_peak_rss_mb = peak_rss_mb()  # this process's peak through training, before evaluation starts workers
     trained = done - start_step
     samples_per_s = trained * cfg.batch_size / max(train_time, 1e-9) if trained else None
-    if cfg.snapshot_every:
-        _snapshot(deployed, done, out)
-    _save(deployed, opt, sched, done, curve, out, record)
+    with _held_interrupts():
+        if cfg.snapshot_every:
+            _snapshot(deployed, done, out)
+        _save(deployed, opt, sched, done, curve, out, record)
 
     policy.eval()
     workers = _workers(cfg, len(tasks) * 2 * cfg.eval_episodes)
