@@ -442,6 +442,27 @@ def test_collect_refuses_to_mix_action_noise_settings(tmp_path):
     assert len(Dataset.open(out)) == 2
 
 
+def test_a_pixel_policy_trains_and_evaluates_from_two_cameras(tmp_path):
+    """Several cameras are recorded as ``images/<camera>``; training reads each view, and evaluation
+    (one env, a vector of envs) hands every view to the policy."""
+    from embodied.runtime.data import Dataset
+    from embodied.runtime.train import Batcher
+
+    run = tmp_path / "run"
+    embodied("train", "obs_mode=pixels", "cameras=[side,front]", "image_size=16", "tasks=[reach]", "demos=2",
+             "steps=3", "eval_episodes=1", "videos=0", "workers=0", f"dataset={tmp_path}/ds", f"hydra.run.dir={run}",
+             cwd=tmp_path)
+    ds = Dataset.open(tmp_path / "ds")
+    assert {"images/side", "images/front"} <= set(ds.features) and "image" not in ds.features
+    batch = Batcher(ds, ["reach"], 1, 4, True, 0).sample(3)
+    assert {c: v.shape for c, v in batch["images"].items()} == {"side": (3, 1, 16, 16, 3), "front": (3, 1, 16, 16, 3)}
+    assert not np.array_equal(batch["images"]["side"], batch["images"]["front"])  # two views, not one twice
+    assert json.loads((run / "metrics.json").read_text())["per_task"].keys() == {"reach"}
+    embodied("eval", f"checkpoint={run}/checkpoint", "tasks=[reach]", "episodes=2", "videos=0", "num_envs=2",
+             "workers=0", f"hydra.run.dir={tmp_path}/eval", cwd=tmp_path)  # a vector of envs (train's was one env)
+    assert json.loads((tmp_path / "eval/metrics.json").read_text())["per_task"]["reach"]["episodes"] == 2
+
+
 def test_pixel_collection_keeps_the_full_state_and_train_uses_it(tmp_path):
     """Pixel demos record ``privileged_state`` (the step's full state, beside its image);
     ``train`` turns the pixel policy's auxiliary loss on from it, and off for older datasets."""

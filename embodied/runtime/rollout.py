@@ -72,6 +72,8 @@ class BatchActor:
                                      "state": np.concatenate([p["state"] for p in parts])}
             if "image" in parts[0]:
                 batch["image"] = np.concatenate([p["image"] for p in parts])
+            if "images" in parts[0]:  # several cameras
+                batch["images"] = {c: np.concatenate([p["images"][c] for p in parts]) for c in parts[0]["images"]}
             for k, v in (extra or {}).items():
                 batch[k] = [v[i] for i in need]
             chunk = check_chunk(self.policy.predict_chunk(batch), len(need))
@@ -86,6 +88,8 @@ def _unbatch(obs: dict[str, Any], n: int) -> list[dict[str, Any]]:
         o = {"state": obs["state"][i], "instruction": obs["instruction"][i]}
         if "image" in obs:
             o["image"] = obs["image"][i]
+        if "images" in obs:
+            o["images"] = {c: v[i] for c, v in obs["images"].items()}
         out.append(o)
     return out
 

@@ -204,7 +204,13 @@ class Batcher:
         from embodied.runtime.stream import (MemoryWindows, StreamedWindows, WindowIndex, arrays_bytes,
                                              check_memory_gb, should_stream, stream_mode)
 
-        feats = ("state", "action") + (("image",) if pixels else ()) + (("privileged_state",) if privileged else ())
+        # one camera is recorded as ``image``, several as ``images/<camera>`` (``embodied.runtime.data.features_for``)
+        cams = () if not pixels else ("image",) if "image" in ds.features else \
+            tuple(sorted(f for f in ds.features if f.startswith("images/")))
+        if pixels and not cams:
+            raise ValueError(f"dataset {ds.root} holds no images (features {sorted(ds.features)}): collect it with "
+                             "obs_mode=pixels, or train with obs_mode=state")
+        feats = ("state", "action") + cams + (("privileged_state",) if privileged else ())
         positions = ds.select(tasks)
         memory_gb = check_memory_gb(memory_gb)
         self.streamed = should_stream(stream_mode(stream), arrays_bytes(ds, feats, positions), memory_gb)
@@ -292,6 +298,9 @@ class Batcher:
                 nidx, nks = self._draw(batch_size)
                 self._ahead = (batch_size, state, nidx, nks,
                                self._pool.submit(self.source.cut, nidx, self.to, self.h))
+        views = [k for k in batch if k.startswith("images/")]
+        if views:  # several cameras: the policies read them as batch["images"][camera]
+            batch["images"] = {k[len("images/"):]: batch.pop(k) for k in views}
         eps = idx[:, 0]
         batch["instruction"] = [self.instruction(int(e), k) for e, k in zip(eps, ks)]
         batch["task"] = [self.task_of[int(e)] for e in eps]
