@@ -204,12 +204,10 @@ class Batcher:
         from embodied.runtime.stream import (MemoryWindows, StreamedWindows, WindowIndex, arrays_bytes,
                                              check_memory_gb, should_stream, stream_mode)
 
-        # one camera is recorded as ``image``, several as ``images/<camera>`` (``embodied.runtime.data.features_for``)
-        cams = () if not pixels else ("image",) if "image" in ds.features else \
-            tuple(sorted(f for f in ds.features if f.startswith("images/")))
-        if pixels and not cams:
-            raise ValueError(f"dataset {ds.root} holds no images (features {sorted(ds.features)}): collect it with "
-                             "obs_mode=pixels, or train with obs_mode=state")
+        # one camera is recorded as ``image``, several as ``images/<camera>`` (``embodied.runtime.data.features_for``);
+        # a dataset with neither is refused below, naming the missing "image"
+        views = tuple(sorted(f for f in ds.features if f.startswith("images/")))
+        cams = () if not pixels else views if views and "image" not in ds.features else ("image",)
         feats = ("state", "action") + cams + (("privileged_state",) if privileged else ())
         positions = ds.select(tasks)
         memory_gb = check_memory_gb(memory_gb)
