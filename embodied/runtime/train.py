@@ -209,6 +209,7 @@ class Batcher:
         views = tuple(sorted(f for f in ds.features if f.startswith("images/")))
         cams = () if not pixels else views if views and "image" not in ds.features else ("image",)
         feats = ("state", "action") + cams + (("privileged_state",) if privileged else ())
+        self._views = cams if cams != ("image",) else ()  # several cameras: handed over as batch["images"]
         positions = ds.select(tasks)
         memory_gb = check_memory_gb(memory_gb)
         self.streamed = should_stream(stream_mode(stream), arrays_bytes(ds, feats, positions), memory_gb)
@@ -296,9 +297,8 @@ class Batcher:
                 nidx, nks = self._draw(batch_size)
                 self._ahead = (batch_size, state, nidx, nks,
                                self._pool.submit(self.source.cut, nidx, self.to, self.h))
-        views = [k for k in batch if k.startswith("images/")]
-        if views:  # several cameras: the policies read them as batch["images"][camera]
-            batch["images"] = {k[len("images/"):]: batch.pop(k) for k in views}
+        if self._views:  # the policies read several cameras as batch["images"][camera]
+            batch["images"] = {k[len("images/"):]: batch.pop(k) for k in self._views}
         eps = idx[:, 0]
         batch["instruction"] = [self.instruction(int(e), k) for e, k in zip(eps, ks)]
         batch["task"] = [self.task_of[int(e)] for e in eps]
