@@ -191,16 +191,17 @@ def place(world: World, device: str, backend: str, gpus: int, nccl: bool = True)
 
 def check(batch_size: int, device: str, backend: str) -> World:
     """The checks of ``start`` without joining the process group (``embodied train`` runs them
-    before anything is written); ``World(device=device)`` without torchrun."""
-    import torch
-    import torch.distributed as dist
-
+    before anything is written); ``World(device=device)`` without torchrun. The environment and the
+    batch split are checked before torch is imported, so that a launch refused for them fails at once."""
     world = world_from_env()
     if world is None:
         if backend not in BACKENDS:  # refused with or without torchrun
             place(World(), device, backend, 0)
         return World(device=device)
     check_batch(batch_size, world)
+    import torch
+    import torch.distributed as dist
+
     gpus = torch.cuda.device_count()
     return place(world, device, backend, gpus, dist.is_available() and dist.is_nccl_available())
 
