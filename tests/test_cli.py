@@ -125,6 +125,25 @@ def test_bench_smoke(tmp_path):
     assert step["one_thread_step_ms"] > 0 and (step["bf16_step_ms"] is None or step["bf16_step_ms"] > 0)
 
 
+@pytest.mark.slow
+def test_train_compiled_saves_plain_weights_and_resumes_without_compile(tmp_path):
+    """compile=true trains through torch.compile'd modules; the checkpoint holds the plain weights
+    (no compiled-module prefixes) and evaluates, and the run resumes without compile."""
+    from safetensors.numpy import load_file
+
+    common = ("tasks=[reach]", "demos=2", f"dataset={tmp_path}/ds", "eval_episodes=1", "videos=0", "progress=false",
+              f"hydra.run.dir={tmp_path}/run")
+    r = embodied("train", "steps=6", "compile=true", *common, cwd=tmp_path)
+    assert "torch.compile: model.obs, model.text and the loss" in r.stdout + r.stderr
+    m = json.loads((tmp_path / "run/metrics.json").read_text())
+    assert m["compiled"] is True and np.isfinite(m["final_loss"])
+    keys = set(load_file(tmp_path / "run/checkpoint/model.safetensors"))
+    assert keys and not any("_orig_mod" in k for k in keys), sorted(keys)[:5]
+    r = embodied("train", "steps=8", "compile=false", *common, cwd=tmp_path)  # compile may change on resume
+    assert "at step 6" in r.stdout + r.stderr
+    assert json.loads((tmp_path / "run/metrics.json").read_text())["compiled"] is False
+
+
 def test_render_and_train_in_one_process():
     """Rendering with Mesa and then a torch optimiser must not crash (triton/LLVM clash)."""
     code = ("import sim, embodied, torch\n"

@@ -146,12 +146,15 @@ def bench_train_step(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
     The share of each phase (drawing the batch, forward, backward, gradient clipping, the optimiser,
     the weight average) at this process's torch threads; then the whole step on one thread and
     under bf16 autocast, each as a ratio to the first (measured in this process, one after another).
+    With ``train_step_compile`` also the step with the observation encoder, the text head and the
+    loss compiled by ``torch.compile`` (inductor), after the eager ones; its compile time is
+    reported apart.
     """
     import torch
 
     from embodied.core.registry import make_env
     from embodied.runtime.checkpoints import env_kwargs
-    from embodied.runtime.train import Batcher, TrainConfig, _ensure_dataset
+    from embodied.runtime.train import Batcher, TrainConfig, _ensure_dataset, compile_for_training
     from policies import make_config, make_policy
 
     tc = TrainConfig(suite=cfg.suite, tasks=list(cfg.tasks), demos=cfg.policy_demos, dataset=cfg.policy_dataset,
@@ -178,6 +181,13 @@ def bench_train_step(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
         if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
             bf16 = sum(_step_times(policy, batcher, opt, sched, bs, n,
                                    lambda: torch.autocast("cpu", dtype=torch.bfloat16)).values())
+        compiled = compile_s = None
+        if cfg.train_step_compile:
+            t0 = time.perf_counter()
+            compile_for_training(policy)
+            _step_times(policy, batcher, opt, sched, bs, 1)  # the compilations happen in the first steps
+            compile_s = time.perf_counter() - t0
+            compiled = sum(_step_times(policy, batcher, opt, sched, bs, n).values())
     finally:
         torch.set_num_threads(threads)
         batcher.close()
@@ -186,9 +196,13 @@ def bench_train_step(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
            "phase_share": {k: v / step for k, v in phases.items()},
            "one_thread_step_ms": 1000 * one, "threads_speedup": one / step,
            "bf16_step_ms": None if bf16 is None else 1000 * bf16, "bf16_speedup": None if bf16 is None else step / bf16,
+           "compiled_step_ms": None if compiled is None else 1000 * compiled,
+           "compile_speedup": None if compiled is None else step / compiled, "compile_s": compile_s,
            "main_job_steps": tc.steps, "main_job_training_s_at_this_rate": tc.steps * step}
     log.info("train step (flow, batch %d, %d threads): %.2f ms, %.0f samples/s; %s", bs, threads, 1000 * step,
              bs / step, ", ".join(f"{k} {100 * v:.0f}%" for k, v in res["phase_share"].items()))
     log.info("one thread: %.2f ms (x%.2f from %d threads); bf16 autocast: %s", 1000 * one, one / step, threads,
              "not supported by this CPU" if bf16 is None else f"{1000 * bf16:.2f} ms (x{step / bf16:.2f})")
+    if compiled is not None:
+        log.info("torch.compile: %.2f ms (x%.2f), after %.0f s of compiling", 1000 * compiled, step / compiled, compile_s)
     return res

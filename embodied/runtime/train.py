@@ -76,7 +76,7 @@ log = logging.getLogger("embodied.train")
 # save, log and run it. Every other field of TrainConfig defines the run and must match on resume.
 RESUMABLE = frozenset({"steps", "eval_every", "eval_episodes_periodic", "eval_episodes", "eval_seed", "save_every",
                        "snapshot_every", "num_envs", "workers", "videos", "device", "threads", "progress",
-                       "on_corrupt", "restart", "stream", "stream_memory_gb", "ddp_backend"})
+                       "on_corrupt", "restart", "stream", "stream_memory_gb", "ddp_backend", "compile"})
 PRECISIONS = ("fp32", "bf16")
 RUN_RECORD = "train_run.json"  # in checkpoint/: the settings that define the run, its data and its step
 DERIVED_POLICY_FIELDS = ("aux_state_dim",)  # set by train from the dataset, not by the user
@@ -136,6 +136,10 @@ class TrainConfig:
     # the forward pass's arithmetic: fp32, or bf16 (torch.autocast: matmuls in bfloat16, weights and optimiser in
     # fp32; on a CPU it needs bf16 instructions, AVX512-BF16 or AMX)
     precision: str = "fp32"
+    # compile the training step's observation encoder, text head and loss with torch.compile (inductor; needs a
+    # C++ compiler on a CPU). The first steps pay the compiling; the steps after it run faster, and the numbers
+    # differ from eager ones in the last bits
+    compile: bool = False
     # under torchrun (embodied.runtime.ddp): the process group's backend, auto (nccl on GPUs, else gloo), gloo or
     # nccl; batch_size is the global batch, split evenly over the processes
     ddp_backend: str = "auto"
@@ -523,6 +527,18 @@ def _with_aux_state(pcfg: Any, ds: Any) -> Any:
     return dataclasses.replace(pcfg, aux_state_dim=int(ds.features["privileged_state"]["shape"][0]))
 
 
+def compile_for_training(policy: Any) -> None:
+    """Compile (in place) what a training step runs through torch.compile: the observation encoder,
+    the text head and the family's loss. The weight average (the evaluated copy) stays eager."""
+    import torch
+
+    compiled = [name for name in ("obs", "text") if name in policy.model]
+    for name in compiled:
+        policy.model[name].compile()
+    policy.head_loss = torch.compile(policy.head_loss)
+    log.info("torch.compile: %s and the loss compile in the first steps", ", ".join(f"model.{n}" for n in compiled))
+
+
 def _autocast(precision: str, device: Any) -> Any:
     """A context factory for the forward pass at ``precision`` on ``device``."""
     import torch
@@ -743,6 +759,8 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
                disable=not (cfg.progress and world.main))
     params = list(policy.model.parameters())
     autocast = _autocast(cfg.precision, policy.device)
+    if cfg.compile:
+        compile_for_training(policy)
     done = start_step  # steps whose updates the weights hold: what every checkpoint and snapshot is labelled
     try:
         for step in bar:
@@ -825,7 +843,7 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         "final_loss": losses[-1][1] if losses else None, "parameters": n_params,
         "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,
         "streamed": batcher.streamed, "train_peak_rss_mb": train_peak_rss_mb, "train_threads": train_threads,
-        "precision": cfg.precision, "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
+        "precision": cfg.precision, "compiled": cfg.compile, "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
         "noise_scale": drawn_noise_scale(deployed),  # the evaluation's factor on the initial noise (policy.noise_scale)
     })
     write_json(out / "metrics.json", metrics)
