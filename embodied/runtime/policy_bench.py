@@ -204,5 +204,6 @@ def bench_train_step(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
     log.info("one thread: %.2f ms (x%.2f from %d threads); bf16 autocast: %s", 1000 * one, one / step, threads,
              "not supported by this CPU" if bf16 is None else f"{1000 * bf16:.2f} ms (x{step / bf16:.2f})")
     if compiled is not None:
-        log.info("torch.compile: %.2f ms (x%.2f), after %.0f s of compiling", 1000 * compiled, step / compiled, compile_s)
+        log.info("torch.compile: %.2f ms (x%.2f), after %.0f s of compiling", 1000 * compiled, step / compiled,
+                 compile_s)
     return res

@@ -843,7 +843,8 @@ def _train(cfg: TrainConfig, out: Path, world: ddp.World) -> dict[str, Any] | No
         "final_loss": losses[-1][1] if losses else None, "parameters": n_params,
         "train_samples_per_s": samples_per_s, "data_time_s": t_data, "train_time_s": train_time,
         "streamed": batcher.streamed, "train_peak_rss_mb": train_peak_rss_mb, "train_threads": train_threads,
-        "precision": cfg.precision, "compiled": cfg.compile, "eval_time_s": metrics["wall_time_s"], "wall_time_s": time.time() - t_start,
+        "precision": cfg.precision, "compiled": cfg.compile, "eval_time_s": metrics["wall_time_s"],
+        "wall_time_s": time.time() - t_start,
         "noise_scale": drawn_noise_scale(deployed),  # the evaluation's factor on the initial noise (policy.noise_scale)
     })
     write_json(out / "metrics.json", metrics)
