@@ -146,8 +146,8 @@ def bench_train_step(cfg: Any, tasks: list[str], out: Path) -> dict[str, Any]:
     The share of each phase (drawing the batch, forward, backward, gradient clipping, the optimiser,
     the weight average) at this process's torch threads; then the whole step on one thread and
     under bf16 autocast, each as a ratio to the first (measured in this process, one after another).
-    With ``train_step_compile`` also the step with the observation encoder, the text head and the
-    loss compiled by ``torch.compile`` (inductor), after the eager ones; its compile time is
+    With ``train_step_compile`` also the step with its loss graph (text head, observation encoder
+    and loss) compiled by ``torch.compile`` (inductor), after the eager ones; its compile time is
     reported apart.
     """
     import torch

@@ -79,7 +79,7 @@ class BenchConfig:
     policy_train_steps: int = 4000
     policy_eval_episodes: int = 20
     train_step_steps: int = 200  # train_step section: steps timed per setting (policy_dataset / policy_demos give the data)
-    train_step_compile: bool = False  # train_step section: also time the step with torch.compile'd encoders and head
+    train_step_compile: bool = False  # train_step section: also time the step with its torch.compile'd loss graph
 
     def __post_init__(self) -> None:
         bad = [s for s in self.sections if s not in SECTIONS]

@@ -136,9 +136,9 @@ class TrainConfig:
     # the forward pass's arithmetic: fp32, or bf16 (torch.autocast: matmuls in bfloat16, weights and optimiser in
     # fp32; on a CPU it needs bf16 instructions, AVX512-BF16 or AMX)
     precision: str = "fp32"
-    # compile the training step's observation encoder, text head and loss with torch.compile (inductor; needs a
-    # C++ compiler on a CPU). The first steps pay the compiling; the steps after it run faster, and the numbers
-    # differ from eager ones in the last bits
+    # compile the training step's text head, observation encoder and loss as one graph with torch.compile
+    # (inductor; needs a C++ compiler on a CPU). The first steps pay the compiling; the steps after it run
+    # faster, and the numbers differ from eager ones in the last bits
     compile: bool = False
     # under torchrun (embodied.runtime.ddp): the process group's backend, auto (nccl on GPUs, else gloo), gloo or
     # nccl; batch_size is the global batch, split evenly over the processes
@@ -528,15 +528,14 @@ def _with_aux_state(pcfg: Any, ds: Any) -> Any:
 
 
 def compile_for_training(policy: Any) -> None:
-    """Compile (in place) what a training step runs through torch.compile: the observation encoder,
-    the text head and the family's loss. The weight average (the evaluated copy) stays eager."""
+    """Compile (in place) the tensor work of a training step with torch.compile, as one graph:
+    the text head, the observation encoder and the family's loss (``policy.loss_graph``). The
+    weight average (the evaluated copy) stays eager."""
     import torch
 
-    compiled = [name for name in ("obs", "text") if name in policy.model]
-    for name in compiled:
-        policy.model[name].compile()
-    policy.head_loss = torch.compile(policy.head_loss)
-    log.info("torch.compile: %s and the loss compile in the first steps", ", ".join(f"model.{n}" for n in compiled))
+    policy.loss_graph = torch.compile(policy.loss_graph)
+    log.info("torch.compile: the training loss (text head, observation encoder, %s loss) compiles as one graph in the "
+             "first steps", type(policy).__name__)
 
 
 def _autocast(precision: str, device: Any) -> Any:

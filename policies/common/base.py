@@ -83,6 +83,12 @@ def _str_list(value: Any, what: str, batch: int) -> list[str]:
     return out
 
 
+def _text_head(model: nn.ModuleDict, pooled: torch.Tensor, tokens: torch.Tensor | None,
+               mask: torch.Tensor | None) -> torch.Tensor:
+    """The trained text head on the frozen encoder's output (token features with ``text_pool=attention``)."""
+    return model["text"](pooled) if tokens is None else model["text"](pooled, tokens, mask)
+
+
 def masked_mse(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """Mean squared error over (B, H, Da), counting only entries with weight 1."""
     if weight is None:
@@ -245,11 +251,17 @@ class TorchPolicy(Policy, nn.Module):
     def _text_features(self, model: nn.ModuleDict, instructions: Sequence[str],
                        tasks: Sequence[str] | None) -> torch.Tensor:
         """Text features (B, text_dim) of the instructions (and task names, for one-hot)."""
+        return _text_head(model, *self._text_inputs(instructions, tasks))
+
+    def _text_inputs(self, instructions: Sequence[str], tasks: Sequence[str] | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The frozen text encoder's output for the text head: pooled (B, D), and with
+        ``text_pool=attention`` the token features and their mask (else None, None)."""
         pooled = self.text.embed(instructions, tasks).to(self.device)
         if self.config.text_pool == "attention":
             tokens, mask = self.text.embed_tokens(instructions, tasks)
-            return model["text"](pooled, tokens.to(self.device), mask.to(self.device))
-        return model["text"](pooled)
+            return pooled, tokens.to(self.device), mask.to(self.device)
+        return pooled, None, None
 
     # ---- public API ---------------------------------------------------------------------
     def freeze_for_inference(self, runtime: str = "torchscript") -> bool:
@@ -393,15 +405,34 @@ class TorchPolicy(Policy, nn.Module):
         action = self.normalizer.normalize_action(action.to(self.device, torch.float32))
         weight = self._loss_weight(batch, action)
         aux_target = self._aux_target(batch, obs["state"].shape[0])
-        if aux_target is None:
-            loss, logs = self.head_loss(self.model, self._encode(self.model, obs), action, weight)
-            return loss, {"loss": float(loss.detach()), **logs}
-        cond, aux_pred = self._encode(self.model, obs, aux=True)
-        loss, logs = self.head_loss(self.model, cond, action, weight)
-        aux_loss = torch.nn.functional.mse_loss(aux_pred, aux_target)
-        total = loss + self.config.aux_state_weight * aux_loss
+        state = self.normalizer.normalize_state(obs["state"])
+        text = self._text_inputs(obs["instruction"], obs["task"])
+        total, loss, aux_loss, logs = self.loss_graph(self.model, state, obs["images"], *text, action, weight,
+                                                      aux_target)
+        if aux_loss is None:
+            return total, {"loss": float(total.detach()), **logs}
         return total, {"loss": float(total.detach()), **logs, "action_loss": float(loss.detach()),
                        "aux_state_loss": float(aux_loss.detach())}
+
+    def loss_graph(self, model: nn.ModuleDict, state: torch.Tensor, images: torch.Tensor | None,
+                   pooled: torch.Tensor, tokens: torch.Tensor | None, mask: torch.Tensor | None,
+                   action: torch.Tensor, weight: torch.Tensor | None, aux_target: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """The tensor-only part of ``compute_loss``, from the normalised state, the frozen text
+        encoder's output and the normalised actions: the text head, the observation encoder and
+        the family's loss (one graph for ``torch.compile``; see ``embodied.runtime.train``).
+
+        Returns (total loss, action loss, auxiliary state loss or None, the head's logs).
+        """
+        text = _text_head(model, pooled, tokens, mask)
+        if aux_target is None:
+            loss, logs = self.head_loss(model, torch.cat([model["obs"](state, images, text), text], dim=-1),
+                                        action, weight)
+            return loss, loss, None, logs
+        out, aux_pred = model["obs"](state, images, text, aux=True)
+        loss, logs = self.head_loss(model, torch.cat([out, text], dim=-1), action, weight)
+        aux_loss = torch.nn.functional.mse_loss(aux_pred, aux_target)
+        return loss + self.config.aux_state_weight * aux_loss, loss, aux_loss, logs
 
     def _aux_target(self, batch: Mapping[str, Any], b: int) -> torch.Tensor | None:
         """Normalised privileged state of the current step (B, Dp), when the loss applies."""
