@@ -6,6 +6,7 @@ checks through the commands are in test_bridge_cli.py, the ROS 2 adapter in test
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -597,6 +598,46 @@ def test_watchdog_holds_the_robot_while_the_loop_waits():
     gaps = np.diff([t for t, _ in robot.sent])
     assert gaps.max() <= 2 / rate + 0.05, f"the robot went {gaps.max() * 1000:.0f} ms without a command"
     assert any(abs(t - trip) < 0.05 and np.array_equal(a, robot.safe_action()) for t, a in robot.sent)
+
+
+class AllocatingPolicy(PolicyWrapper):
+    """The wrapped policy, whose Python side allocates objects on each call (parsing, bookkeeping)."""
+
+    def predict_chunk(self, obs_batch, noise=None):
+        self.scratch = [[i] for i in range(30_000)]
+        return self.policy.predict_chunk(obs_batch, noise)
+
+
+def test_a_big_heap_does_not_stall_the_loop_with_full_garbage_collections():
+    """In a process with a large heap (a policy process holds torch and its model), a full garbage
+    collection stops every thread for hundreds of milliseconds: the loop keeps the heap that exists
+    when an episode starts out of the collector's scans for the episode, so no period is missed."""
+    rate = 20.0
+    heap = [{"k": [i]} for i in range(1_500_000)]  # kept alive through the episode
+    pauses: list[tuple[int, float]] = []
+    started: list[float] = []
+
+    def timed(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append((info["generation"], time.perf_counter() - started.pop()))
+
+    gc.callbacks.append(timed)
+    try:
+        robot = ToyRobot()
+        loop = ControlLoop(robot, AllocatingPolicy(LinearPolicy()), LoopConfig(rate_hz=rate, mode="lockstep"))
+        with robot:
+            report = loop.run_episode(60)
+        loop.close()
+    finally:
+        gc.callbacks.remove(timed)
+        del heap
+    assert report.ended_by == "max_steps" and gc.get_freeze_count() == 0  # the heap is the collector's again
+    assert any(g == 2 for g, _ in pauses), pauses  # full collections ran during the episode
+    assert max(d for _, d in pauses) < 0.05, pauses
+    gap = np.diff([t for t, _ in robot.sent]).max()
+    assert gap <= 2 / rate + 0.05, f"the robot went {gap * 1000:.0f} ms without a command"
 
 
 def test_loop_refuses_robots_without_safe_state_and_unreachable_servers(server):
