@@ -600,11 +600,12 @@ def test_watchdog_holds_the_robot_while_the_loop_waits():
     assert any(abs(t - trip) < 0.05 and np.array_equal(a, robot.safe_action()) for t, a in robot.sent)
 
 
-class AllocatingPolicy(PolicyWrapper):
-    """The wrapped policy, whose Python side allocates objects on each call (parsing, bookkeeping)."""
+class CollectingPolicy(PolicyWrapper):
+    """The wrapped policy, with a full garbage collection in each call (as the collector itself runs
+    one when the objects a process allocates pass its thresholds)."""
 
     def predict_chunk(self, obs_batch, noise=None):
-        self.scratch = [[i] for i in range(30_000)]
+        gc.collect()
         return self.policy.predict_chunk(obs_batch, noise)
 
 
@@ -614,28 +615,27 @@ def test_a_big_heap_does_not_stall_the_loop_with_full_garbage_collections():
     when an episode starts out of the collector's scans for the episode, so no period is missed."""
     rate = 20.0
     heap = [{"k": [i]} for i in range(1_500_000)]  # kept alive through the episode
-    pauses: list[tuple[int, float]] = []
+    pauses: list[float] = []
     started: list[float] = []
 
     def timed(phase, info):
         if phase == "start":
             started.append(time.perf_counter())
-        elif started:
-            pauses.append((info["generation"], time.perf_counter() - started.pop()))
+        elif started and info["generation"] == 2:
+            pauses.append(time.perf_counter() - started.pop())
 
     gc.callbacks.append(timed)
     try:
         robot = ToyRobot()
-        loop = ControlLoop(robot, AllocatingPolicy(LinearPolicy()), LoopConfig(rate_hz=rate, mode="lockstep"))
+        loop = ControlLoop(robot, CollectingPolicy(LinearPolicy()), LoopConfig(rate_hz=rate, mode="lockstep"))
         with robot:
-            report = loop.run_episode(60)
+            report = loop.run_episode(20)
         loop.close()
     finally:
         gc.callbacks.remove(timed)
         del heap
     assert report.ended_by == "max_steps" and gc.get_freeze_count() == 0  # the heap is the collector's again
-    assert any(g == 2 for g, _ in pauses), pauses  # full collections ran during the episode
-    assert max(d for _, d in pauses) < 0.05, pauses
+    assert len(pauses) >= 2 and max(pauses) < 0.05, pauses
     gap = np.diff([t for t, _ in robot.sent]).max()
     assert gap <= 2 / rate + 0.05, f"the robot went {gap * 1000:.0f} ms without a command"
 
