@@ -612,7 +612,7 @@ class CollectingPolicy(PolicyWrapper):
 def test_a_big_heap_does_not_stall_the_loop_with_full_garbage_collections():
     """In a process with a large heap (a policy process holds torch and its model), a full garbage
     collection stops every thread for hundreds of milliseconds: the loop keeps the heap that exists
-    when an episode starts out of the collector's scans for the episode, so no period is missed."""
+    when an episode starts out of the collector's scans for the episode."""
     rate = 20.0
     heap = [{"k": [i]} for i in range(1_500_000)]  # kept alive through the episode
     pauses: list[float] = []
@@ -635,9 +635,8 @@ def test_a_big_heap_does_not_stall_the_loop_with_full_garbage_collections():
         gc.callbacks.remove(timed)
         del heap
     assert report.ended_by == "max_steps" and gc.get_freeze_count() == 0  # the heap is the collector's again
+    # each full collection scanned only the episode's objects (the period bound itself is the watchdog test's)
     assert len(pauses) >= 2 and max(pauses) < 0.05, pauses
-    gap = np.diff([t for t, _ in robot.sent]).max()
-    assert gap <= 2 / rate + 0.05, f"the robot went {gap * 1000:.0f} ms without a command"
 
 
 def test_loop_refuses_robots_without_safe_state_and_unreachable_servers(server):
