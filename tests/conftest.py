@@ -22,9 +22,11 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The end-to-end runs (``slow``) first: under xdist a long test that starts last keeps one worker busy
-    while the other has nothing left to take. The order within each group is kept."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The tests with wall-clock bounds (``timed``) first, in a worker that has run nothing else yet
+    (one that has run hundreds of tests stalled them for hundreds of milliseconds); then the end-to-end
+    runs (``slow``): under xdist a long test that starts last keeps one worker busy while the other has
+    nothing left to take. The order within each group is kept."""
+    items.sort(key=lambda item: (item.get_closest_marker("timed") is None, item.get_closest_marker("slow") is None))
 
 
 def built_once(tmp_path_factory, name: str, build):

@@ -422,6 +422,7 @@ def episode_with_server_killed(rate: float, steps: int, kill_after_s: float = 0.
     return loop, robot, report, (killed[0] if killed else None)
 
 
+@pytest.mark.timed
 def test_server_killed_mid_episode_robot_in_safe_state_within_two_periods():
     rate = 20.0
     loop, robot, report, t_kill = episode_with_server_killed(rate, 40)
@@ -449,6 +450,7 @@ class SlowOnce(PolicyWrapper):
         return self.policy.predict_chunk(obs_batch, noise)
 
 
+@pytest.mark.timed
 def test_latency_spike_longer_than_the_chunk_safe_hold_then_recovery():
     rate = 50.0
     # far longer than a whole chunk of actions, so the chunk runs out even when a loaded machine stalls
@@ -585,6 +587,7 @@ def test_estop_from_a_thread_and_from_a_key_press():
     assert report.ended_by == "estop" and "key" in estop.reason and report.steps < 100
 
 
+@pytest.mark.timed
 def test_watchdog_holds_the_robot_while_the_loop_waits():
     rate = 20.0
     robot = ToyRobot()
