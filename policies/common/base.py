@@ -89,6 +89,16 @@ def _text_head(model: nn.ModuleDict, pooled: torch.Tensor, tokens: torch.Tensor 
     return model["text"](pooled) if tokens is None else model["text"](pooled, tokens, mask)
 
 
+def _condition(model: nn.ModuleDict, state: torch.Tensor, images: torch.Tensor | None, text: torch.Tensor,
+               aux: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Conditioning features (B, C) from the normalised state, the images and the text features: the
+    observation encoder's output beside the text; with ``aux`` also the predicted privileged state."""
+    out = model["obs"](state, images, text, aux=aux)
+    if aux:
+        return torch.cat([out[0], text], dim=-1), out[1]
+    return torch.cat([out, text], dim=-1)
+
+
 def masked_mse(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """Mean squared error over (B, H, Da), counting only entries with weight 1."""
     if weight is None:
@@ -243,10 +253,7 @@ class TorchPolicy(Policy, nn.Module):
         ``text``: the text features, when already computed."""
         if text is None:
             text = self._text_features(model, obs["instruction"], obs["task"])
-        out = model["obs"](self.normalizer.normalize_state(obs["state"]), obs["images"], text, aux=aux)
-        if aux:
-            return torch.cat([out[0], text], dim=-1), out[1]
-        return torch.cat([out, text], dim=-1)
+        return _condition(model, self.normalizer.normalize_state(obs["state"]), obs["images"], text, aux)
 
     def _text_features(self, model: nn.ModuleDict, instructions: Sequence[str],
                        tasks: Sequence[str] | None) -> torch.Tensor:
@@ -426,11 +433,10 @@ class TorchPolicy(Policy, nn.Module):
         """
         text = _text_head(model, pooled, tokens, mask)
         if aux_target is None:
-            loss, logs = self.head_loss(model, torch.cat([model["obs"](state, images, text), text], dim=-1),
-                                        action, weight)
+            loss, logs = self.head_loss(model, _condition(model, state, images, text), action, weight)
             return loss, loss, None, logs
-        out, aux_pred = model["obs"](state, images, text, aux=True)
-        loss, logs = self.head_loss(model, torch.cat([out, text], dim=-1), action, weight)
+        cond, aux_pred = _condition(model, state, images, text, aux=True)
+        loss, logs = self.head_loss(model, cond, action, weight)
         aux_loss = torch.nn.functional.mse_loss(aux_pred, aux_target)
         return loss + self.config.aux_state_weight * aux_loss, loss, aux_loss, logs
 
